@@ -1,0 +1,47 @@
+# Two commands set up and run everything: `make serve` and `make test`.
+# Each bootstraps .venv idempotently: torch (CPU build pin) first, then mlc with its dev extras, then the
+# default model into the model store ($MLC_HOME, default ~/.cache/mlc).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MLC := $(VENV)/bin/mlc-cli
+TORCH_SPEC ?= torch==2.13.0
+DEFAULT_MODEL ?= smollm2-135m-instruct
+HOST ?= 127.0.0.1
+PORT ?= 8080
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
+
+.PHONY: setup model test test-slow serve chat clean-venv
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.torch-installed: | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.mlc-installed: pyproject.toml $(VENV)/.torch-installed
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.mlc-installed
+
+model: setup
+	$(MLC) models pull $(DEFAULT_MODEL) --quiet
+
+test: model
+	$(PY) -m pytest -q tests
+
+test-slow: model
+	$(PY) -m pytest -q -m slow tests
+
+serve: model
+	$(MLC) serve --model $(DEFAULT_MODEL) --host $(HOST) --port $(PORT)
+
+chat: model
+	$(MLC) chat --model $(DEFAULT_MODEL)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""Entry layer: one module per command group; each parses, calls one function below, prints."""

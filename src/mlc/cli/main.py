@@ -1,0 +1,66 @@
+"""`mlc-cli` (alias `mlc`): one app; each command group lives in its own module with a `register(app)`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import typer
+from rich.console import Console
+
+from mlc.errors import MlcError
+
+# Command modules, in the order their commands appear in --help.
+COMMAND_MODULES = [
+    "models", "generate", "chat", "serve", "bench",
+    "preprocess", "train", "evaluate", "export",
+    "plan", "doctor", "compile", "config_cmd", "deploy",
+]
+
+app = typer.Typer(
+    name="mlc-cli",
+    help="Serve, fine-tune, plan and benchmark GLM-family and Llama-style models.",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err_console = Console(stderr=True)
+
+
+def _register_all() -> None:
+    for name in COMMAND_MODULES:
+        full = f"mlc.cli.{name}"
+        if importlib.util.find_spec(full) is not None:
+            importlib.import_module(full).register(app)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context, version: bool = typer.Option(False, "--version", help="Print the version and exit.")
+) -> None:
+    if version:
+        from mlc import __version__
+
+        typer.echo(f"mlc {__version__}")
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _register_all()
+    try:
+        app(args=argv, prog_name="mlc-cli")
+    except MlcError as e:
+        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

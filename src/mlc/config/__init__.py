@@ -1,0 +1,1 @@
+"""Base layer: configuration schemas, templates, hardware profiles and model store paths."""

@@ -1,0 +1,72 @@
+"""Errors a user can meet. Each carries a message that says what to do, and maps to one exit code and HTTP status."""
+
+from __future__ import annotations
+
+
+class MlcError(Exception):
+    """Base class: `str(err)` is the whole user-facing message."""
+
+    exit_code = 1
+    http_status = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class ConfigError(MlcError):
+    exit_code = 2
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidRequestError(MlcError):
+    exit_code = 2
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class ModelNotFoundError(MlcError):
+    exit_code = 3
+    http_status = 404
+    error_type = "model_not_found"
+
+
+class ModelFormatError(MlcError):
+    """A checkpoint that exists but cannot be read: truncated, missing files, unsupported architecture or quant."""
+
+    exit_code = 4
+    http_status = 500
+    error_type = "model_format_error"
+
+
+class IntegrityError(MlcError):
+    exit_code = 5
+    http_status = 500
+    error_type = "integrity_error"
+
+
+class ContextLengthError(InvalidRequestError):
+    error_type = "context_length_exceeded"
+
+
+class CapacityError(MlcError):
+    """Not enough memory or queue room; the caller may retry later or lower its ask."""
+
+    exit_code = 6
+    http_status = 429
+    error_type = "capacity_error"
+
+
+class DeviceError(MlcError):
+    exit_code = 7
+    http_status = 500
+    error_type = "device_error"
+
+
+class AuthError(MlcError):
+    exit_code = 8
+    http_status = 401
+    error_type = "authentication_error"

@@ -1,0 +1,145 @@
+"""Attention metadata for a flat batch of sequences, and the paged attention backend (torch SDPA).
+
+A step's tokens are flat (`[T, ...]`), sequence after sequence. Each sequence contributes `query_len` new tokens
+and, after this step, holds `context_len` cache entries (the new ones last). Sequences are grouped once per
+step, and every layer reuses the groups:
+
+* fresh: nothing cached before this step, keys are the new tokens themselves (causal SDPA, no gather);
+* decode: one new token and earlier context; all such sequences run as one padded, masked SDPA;
+* chunk: several new tokens after earlier context (chunked prefill, prefix-cache hit); one SDPA each.
+
+Masks use cache order, not positions, so a compacted (sparse) cache stays causal while rotary uses positions.
+This module is the one place a CUDA/NPU paged-attention kernel would replace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from mlc.layers.kv_store import LayerCache
+
+
+@dataclass
+class AttentionGroup:
+    kind: str  # "fresh" | "decode" | "chunk"
+    tokens: torch.Tensor | slice  # flat query rows of this group
+    batch: int
+    query_len: int
+    seq_ids: list[int]  # indices into the step's sequences
+    gather_slots: torch.Tensor | None = None  # [G, L] cache slots of each sequence's context
+    mask: torch.Tensor | None = None  # [G, 1, query_len, L] bool, True = may attend
+
+
+@dataclass
+class AttentionMetadata:
+    query_lens: list[int]
+    context_lens: list[int]
+    slot_mapping: torch.Tensor | None  # [T] cache slot of each new token; None on the dense path
+    groups: list[AttentionGroup] = field(default_factory=list)
+    query_start: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    def last_token_indices(self) -> list[int]:
+        """Flat row of each sequence's last new token (where its next-token logits come from)."""
+        return [s + q - 1 for s, q in zip(self.query_start, self.query_lens)]
+
+
+def _slots_for(block_table: torch.Tensor, start: int, stop: int, page_size: int) -> torch.Tensor:
+    idx = torch.arange(start, stop, device=block_table.device)
+    return block_table[idx // page_size] * page_size + idx % page_size
+
+
+def build_attention_metadata(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]] | None = None,
+    page_size: int = 16,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Metadata for one step. `block_tables=None` is the dense path: every sequence must be fresh."""
+    if len(query_lens) != len(context_lens):
+        raise ValueError("query_lens and context_lens differ in length")
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    meta = AttentionMetadata(list(query_lens), list(context_lens), None, [], starts[:-1])
+    tables = None
+    if block_tables is not None:
+        width = max((len(t) for t in block_tables), default=1) or 1
+        padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+        tables = torch.tensor(padded, dtype=torch.long, device=device).view(len(block_tables), width)
+        meta.slot_mapping = torch.cat(
+            [_slots_for(tables[i], c - q, c, page_size) for i, (q, c) in enumerate(zip(query_lens, context_lens))]
+        ) if query_lens else torch.empty(0, dtype=torch.long, device=device)
+    decode: list[int] = []
+    for i, (q, c) in enumerate(zip(query_lens, context_lens)):
+        if q == c:
+            meta.groups.append(AttentionGroup("fresh", slice(starts[i], starts[i] + q), 1, q, [i]))
+        elif tables is None:
+            raise ValueError("the dense path (no cache) needs every sequence to be fresh (context_len == query_len)")
+        elif q == 1:
+            decode.append(i)
+        else:
+            slots = _slots_for(tables[i], 0, c, page_size)[None]
+            key_idx = torch.arange(c, device=device)
+            query_idx = torch.arange(c - q, c, device=device)
+            mask = (key_idx[None, :] <= query_idx[:, None])[None, None]
+            meta.groups.append(AttentionGroup("chunk", slice(starts[i], starts[i] + q), 1, q, [i], slots, mask))
+    if decode:
+        meta.groups.append(_decode_group(decode, starts, context_lens, tables, page_size, device))
+    return meta
+
+
+def _decode_group(ids, starts, context_lens, tables, page_size, device) -> AttentionGroup:
+    ctx = torch.tensor([context_lens[i] for i in ids], device=device)
+    longest = int(ctx.max())
+    pages = tables[ids][:, : (longest + page_size - 1) // page_size]
+    slots = (pages[:, :, None] * page_size + torch.arange(page_size, device=device)).flatten(1)[:, :longest]
+    mask = (torch.arange(longest, device=device)[None, :] < ctx[:, None])[:, None, None, :]
+    tokens = torch.tensor([starts[i] for i in ids], dtype=torch.long, device=device)
+    return AttentionGroup("decode", tokens, len(ids), 1, list(ids), slots, mask)
+
+
+def _sdpa(q, k, v, mask, scale, causal):
+    """q `[G, Q, H, D]`, k/v `[G, L, KV, D]` -> `[G, Q, H, Dv]`."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: LayerCache | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q `[T, H, D]`, k `[T, KV, D]`, v `[T, KV, Dv]` for the new tokens; returns `[T, H, Dv]`."""
+    if cache is not None and meta.slot_mapping is not None:
+        cache["k"].write(meta.slot_mapping, k)
+        cache["v"].write(meta.slot_mapping, v)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    for g in meta.groups:
+        qg = q[g.tokens].view(g.batch, g.query_len, *q.shape[1:])
+        if g.gather_slots is None:
+            kg, vg = k[g.tokens][None], v[g.tokens][None]
+            og = _sdpa(qg, kg, vg, None, scale, causal=g.query_len > 1)
+        else:
+            kg = cache["k"].gather(g.gather_slots, q.dtype)
+            vg = cache["v"].gather(g.gather_slots, q.dtype)
+            og = _sdpa(qg, kg, vg, g.mask, scale, causal=False)
+        out[g.tokens] = og.reshape(-1, *out.shape[1:])
+    return out

@@ -1,0 +1,36 @@
+"""Paged storage for one named per-token cache tensor of one layer (K, V, an MLA latent, indexer keys).
+
+Storage is flat over slots: slot = page * page_size + offset. Values are written and read in the compute
+dtype; the storage dtype may be narrower (fp16/bf16), and quantized stores subclass this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PagedTensor:
+    def __init__(self, num_slots: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str):
+        self.shape = tuple(shape)
+        self.data = torch.zeros((num_slots, *self.shape), dtype=dtype, device=device)
+
+    @property
+    def num_slots(self) -> int:
+        return self.data.shape[0]
+
+    def bytes_per_token(self) -> int:
+        return self.data[0].numel() * self.data.element_size()
+
+    def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        self.data.index_copy_(0, slots, values.to(self.data.dtype))
+
+    def gather(self, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Values at `slots` (any shape), as `[*slots.shape, *self.shape]` in `dtype`."""
+        return self.data[slots].to(dtype)
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move entries between slots (copy-on-write of shared pages, sparse-KV compaction)."""
+        self.data[dst] = self.data[src]
+
+
+LayerCache = dict[str, PagedTensor]

@@ -1,0 +1,1 @@
+"""Model layer: architectures (one file each), the model store and weight loading."""

@@ -1,0 +1,125 @@
+"""Llama architecture (SmolLM2, Llama 2/3 and alikes): GQA attention with half-split RoPE, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlc.layers.activation import silu_and_mul
+from mlc.layers.attention import AttentionMetadata, paged_attention
+from mlc.layers.kv_store import LayerCache
+from mlc.layers.linear import Linear, MergedLinear
+from mlc.layers.norm import RMSNorm
+from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_parameters
+from mlc.models.base import CausalLM, Embedding, WeightTarget
+
+# HF projection name -> (our fused module, shard index)
+STACKED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def head_dim_of(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def kv_heads_of(cfg) -> int:
+    return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+
+def map_stacked_name(name: str) -> WeightTarget:
+    """`...q_proj.weight` -> shard 0 of `...qkv_proj.weight`, and so on; other names pass through."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in STACKED:
+        fused, shard = STACKED[parts[-2]]
+        return WeightTarget(".".join(parts[:-2] + [fused, parts[-1]]), shard=shard)
+    return WeightTarget(name)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = kv_heads_of(cfg)
+        self.head_dim = head_dim_of(cfg)
+        bias = bool(getattr(cfg, "attention_bias", False))
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(cfg.hidden_size, [q, kv, kv], bias=bias)
+        self.o_proj = Linear(q, cfg.hidden_size, bias=bias)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, cos, sin, cache: LayerCache | None, meta: AttentionMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = apply_rope_neox(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope_neox(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        o = paged_attention(q, k, v, cache, meta, self.scale)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class GatedMLP(nn.Module):
+    """`down(silu(gate x) * up x)` with gate and up fused into one GEMM."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bool(getattr(cfg, "mlp_bias", False)))
+
+    def forward(self, h, cos, sin, cache, meta):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg, layer_cls=LlamaDecoderLayer):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(layer_cls(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(CausalLM):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.model = LlamaModel(cfg, self.layer_cls)
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
+        factor = rope_parameters(cfg).get("partial_rotary_factor", 1.0)
+        self.rotary = RotaryEmbedding(cfg, int(head_dim_of(cfg) * factor))
+
+    def forward(self, input_ids, positions, meta, kv_caches=None):
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, h.dtype)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, kv_caches[i] if kv_caches is not None else None, meta)
+        return self.model.norm(h)
+
+    def kv_cache_spec(self):
+        shape = (kv_heads_of(self.config), head_dim_of(self.config))
+        return [{"k": shape, "v": shape} for _ in range(self.config.num_hidden_layers)]
+
+    def map_weight_name(self, name):
+        if "rotary_emb" in name:
+            return None
+        if self.tied and name == "lm_head.weight":
+            return WeightTarget("model.embed_tokens.weight")
+        return map_stacked_name(name)
