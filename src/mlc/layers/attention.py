@@ -105,9 +105,27 @@ def _decode_group(ids, starts, context_lens, tables, page_size, device) -> Atten
     longest = int(ctx.max())
     pages = tables[ids][:, : (longest + page_size - 1) // page_size]
     slots = (pages[:, :, None] * page_size + torch.arange(page_size, device=device)).flatten(1)[:, :longest]
-    mask = (torch.arange(longest, device=device)[None, :] < ctx[:, None])[:, None, None, :]
+    valid = torch.arange(longest, device=device)[None, :] < ctx[:, None]
+    slots = slots.masked_fill(~valid, 0)  # padding reads slot 0 (the reserved null page), never unwritten memory
+    mask = valid[:, None, None, :]
     tokens = torch.tensor([starts[i] for i in ids], dtype=torch.long, device=device)
     return AttentionGroup("decode", tokens, len(ids), 1, list(ids), slots, mask)
+
+
+def gather_context(g: AttentionGroup, store, fresh: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One group's context `[G, L, ...]` in cache order: the new tokens' own values for a fresh group,
+    else the cached entries at `g.gather_slots` (`store` is that layer's PagedTensor)."""
+    if g.gather_slots is None:
+        return fresh[g.tokens][None]
+    return store.gather(g.gather_slots, dtype)
+
+
+def group_mask(g: AttentionGroup, device: torch.device | str) -> torch.Tensor:
+    """`[G, 1, query_len, L]` bool, True = may attend; fresh groups get their causal mask built here."""
+    if g.mask is not None:
+        return g.mask
+    idx = torch.arange(g.query_len, device=device)
+    return (idx[None, :] <= idx[:, None])[None, None]
 
 
 def _sdpa(q, k, v, mask, scale, causal):
@@ -138,8 +156,8 @@ def paged_attention(
             kg, vg = k[g.tokens][None], v[g.tokens][None]
             og = _sdpa(qg, kg, vg, None, scale, causal=g.query_len > 1)
         else:
-            kg = cache["k"].gather(g.gather_slots, q.dtype)
-            vg = cache["v"].gather(g.gather_slots, q.dtype)
+            kg = gather_context(g, cache["k"], k, q.dtype)
+            vg = gather_context(g, cache["v"], v, q.dtype)
             og = _sdpa(qg, kg, vg, g.mask, scale, causal=False)
         out[g.tokens] = og.reshape(-1, *out.shape[1:])
     return out

@@ -12,7 +12,8 @@ import torch
 class PagedTensor:
     def __init__(self, num_slots: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str):
         self.shape = tuple(shape)
-        self.data = torch.zeros((num_slots, *self.shape), dtype=dtype, device=device)
+        # empty, not zeros: pages are touched (and count in RSS) only when written
+        self.data = torch.empty((num_slots, *self.shape), dtype=dtype, device=device)
 
     @property
     def num_slots(self) -> int:

@@ -28,7 +28,7 @@ def rope_parameters(hf_config) -> dict:
 class RotaryEmbedding(nn.Module):
     """Computes (cos, sin) of shape `[T, rot_dim]` for flat positions `[T]`; tables grow on demand."""
 
-    def __init__(self, hf_config, rot_dim: int, device: torch.device | str = "cpu"):
+    def __init__(self, hf_config, rot_dim: int, device: torch.device | str | None = None):
         super().__init__()
         params = rope_parameters(hf_config)
         rope_type = params["rope_type"]
@@ -46,7 +46,8 @@ class RotaryEmbedding(nn.Module):
 
             inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
         self.rot_dim = rot_dim
-        self.register_buffer("inv_freq", inv_freq.float().to(device), persistent=False)
+        # device None: the ambient default device (so the model can be built on "meta" to count its parameters)
+        self.register_buffer("inv_freq", inv_freq.float().to(device or torch.get_default_device()), persistent=False)
         self._cos = torch.empty(0, rot_dim, device=device)
         self._sin = torch.empty(0, rot_dim, device=device)
         self._dtype: torch.dtype | None = None

@@ -125,6 +125,11 @@ class CausalLM(nn.Module):
             assert isinstance(module, MergedLinear)
             module.load_shard(target.shard, name, tensor, attr == "bias")
             return
+        if target.expert is not None and not 0 <= target.expert < param.shape[0]:
+            raise ModelFormatError(
+                f"{name}: expert {target.expert} does not exist, the config declares {param.shape[0]} experts; "
+                "the checkpoint and its config.json disagree"
+            )
         dest = param.data if target.expert is None else param.data[target.expert]
         if target.rows is not None:
             dest = dest[target.rows[0] : target.rows[1]]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mlc.layers.activation import silu_and_mul
 from mlc.layers.attention import AttentionMetadata, paged_attention
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import Linear, MergedLinear
+from mlc.layers.mlp import GatedMLP
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_parameters
 from mlc.models.base import CausalLM, Embedding, WeightTarget
@@ -41,6 +41,8 @@ def map_stacked_name(name: str) -> WeightTarget:
 
 
 class LlamaAttention(nn.Module):
+    o_proj_bias: bool | None = None  # None: follows attention_bias (Llama); GLM models never bias o_proj
+
     def __init__(self, cfg):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -49,38 +51,35 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(cfg, "attention_bias", False))
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(cfg.hidden_size, [q, kv, kv], bias=bias)
-        self.o_proj = Linear(q, cfg.hidden_size, bias=bias)
+        self.o_proj = Linear(q, cfg.hidden_size, bias=bias if self.o_proj_bias is None else self.o_proj_bias)
         self.scale = self.head_dim**-0.5
 
     def forward(self, x, cos, sin, cache: LayerCache | None, meta: AttentionMetadata) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = apply_rope_neox(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope_neox(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(t, self.num_heads, self.head_dim)
+        q, k = self.rotate(q, k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, cache, meta, self.scale)
         return self.o_proj(o.reshape(t, -1))
 
-
-class GatedMLP(nn.Module):
-    """`down(silu(gate x) * up x)` with gate and up fused into one GEMM."""
-
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
-        super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias=bias)
-        self.down_proj = Linear(intermediate, hidden, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def rotate(self, q, k, cos, sin):
+        """Positions into q `[T, H, D]` and k `[T, KV, D]`; subclasses change the convention or norm heads first."""
+        return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg):
+    attention_cls = LlamaAttention
+
+    def __init__(self, cfg, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg)
+        self.self_attn = self.attention_cls(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, bool(getattr(cfg, "mlp_bias", False)))
+        self.mlp = self.build_mlp(cfg, layer_idx)
+
+    def build_mlp(self, cfg, layer_idx: int) -> nn.Module:
+        return GatedMLP(cfg.hidden_size, cfg.intermediate_size, bool(getattr(cfg, "mlp_bias", False)))
 
     def forward(self, h, cos, sin, cache, meta):
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache, meta)
@@ -91,7 +90,7 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg, layer_cls=LlamaDecoderLayer):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(layer_cls(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 

@@ -1,0 +1,21 @@
+"""The SwiGLU feed-forward block shared by Llama, GLM and the MoE shared experts."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlc.layers.activation import silu_and_mul
+from mlc.layers.linear import Linear, MergedLinear
+
+
+class GatedMLP(nn.Module):
+    """`down(silu(gate x) * up x)` with gate and up fused into one GEMM (`gate_up_proj`, gate rows first)."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
