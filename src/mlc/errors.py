@@ -70,3 +70,16 @@ class AuthError(MlcError):
     exit_code = 8
     http_status = 401
     error_type = "authentication_error"
+
+
+class DataError(InvalidRequestError):
+    """Training or evaluation data that cannot be used: missing file, malformed rows, nothing left to train on."""
+
+    error_type = "invalid_data"
+
+
+class TrainingError(MlcError):
+    """A run that cannot go on: repeated non-finite steps, an unusable checkpoint, a failed worker."""
+
+    exit_code = 9
+    error_type = "training_error"

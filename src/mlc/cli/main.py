@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="mlc-cli")
     except MlcError as e:
-        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
