@@ -1,0 +1,66 @@
+"""The engine's knobs, one schema shared by `generate`, `serve`, `bench` and config files."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+KVCacheDtype = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
+WeightDtype = Literal["auto", "fp32", "fp16", "bf16", "int8", "int4"]
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
+          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def parse_size(text: str | int | float) -> int:
+    """'4GiB' -> 4294967296; plain numbers are bytes."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = _SIZE.match(str(text))
+    if not m or m.group(2) is not None and m.group(2).lower() not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 512MiB, 4GiB or 2GB")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+class SparseKVConfig(BaseModel):
+    """Past `min_context` cached tokens, keep the last `window` whole and `ratio` of the older ones (plus sinks)."""
+
+    model_config = ConfigDict(extra="forbid")
+    window: int = Field(4096, ge=16)
+    ratio: float = Field(0.25, gt=0.0, le=1.0)
+    min_context: int = Field(8192, ge=0)
+    sink_tokens: int = Field(4, ge=0)
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "smollm2-135m-instruct"
+    device: str = "cpu"
+    dtype: str = "auto"
+    weight_dtype: WeightDtype = "auto"
+    page_size: int = Field(16, ge=1, le=1024)
+    kv_cache_dtype: KVCacheDtype = "auto"
+    kv_cache_memory: int | None = None  # bytes; None -> kv_cache_fraction of free memory
+    kv_cache_fraction: float = Field(0.5, gt=0.0, le=0.95)
+    max_batch_size: int = Field(8, ge=1)
+    max_seq_len: int | None = Field(None, ge=2)  # None -> the model's context length
+    max_num_batched_tokens: int = Field(512, ge=16)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    sparse_kv: SparseKVConfig | None = None
+    seed: int = 0
+
+    @field_validator("kv_cache_memory", mode="before")
+    @classmethod
+    def _size(cls, v):
+        return None if v is None else parse_size(v)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.max_seq_len is not None and self.max_seq_len < self.page_size:
+            raise ValueError("max_seq_len must be at least page_size")
+        return self

@@ -1,0 +1,202 @@
+"""Read a YAML config into a pydantic schema, with command-line overrides on top.
+
+Every problem is reported as `file: key: problem (allowed: ...)`, all of them at once, as one ConfigError.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mlc.config.serve_config import get_path, set_path
+from mlc.errors import ConfigError
+
+T = TypeVar("T", bound=BaseModel)
+COMMAND_LINE = "command line"
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file; write one with `mlc-cli config init serve|lora|cluster`")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1} col {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{path}: {where}YAML syntax error: {e.problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not readable as YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not a {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
+    """Set dotted keys (`engine.page_size`) in place; None means "flag not given". Returns {key: origin}."""
+    origin: dict[str, str] = {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        set_path(data, key, value)
+        origin[key] = COMMAND_LINE
+    return origin
+
+
+def load_config(path: str | Path | None, schema: type[T], overrides: dict[str, Any] | None = None) -> T:
+    """The schema built from `path` (None -> defaults), with `overrides` (dotted keys) applied last."""
+    label = str(path) if path is not None else "<defaults>"
+    data = read_yaml(path) if path is not None else {}
+    origin: dict[str, str] = {}
+    normalize = getattr(schema, "normalize_aliases", None)
+    if normalize is not None:
+        try:
+            data, origin = normalize(data)
+        except ValueError as e:
+            raise ConfigError(f"{label}: {e}") from None
+    origin.update(apply_overrides(data, overrides))
+    try:
+        return schema(**data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(label, e, schema, origin, data)) from None
+
+
+def format_validation_error(label: str, err: ValidationError, schema: type[BaseModel], origin=None, data=None) -> str:
+    lines = [_format_one(label, e, schema, origin or {}, data or {}) for e in err.errors()]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _format_one(label: str, e: dict, schema: type[BaseModel], origin: dict[str, str], data: dict) -> str:
+    loc = [str(p) for p in e["loc"]]
+    key = ".".join(loc) or "(top level)"
+    shown = _shown_key(key, origin)
+    field_info, parent = _field_at(schema, loc)
+    if e["type"] == "extra_forbidden":
+        allowed = sorted(parent.model_fields) if parent is not None else []
+        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+        problem = "unknown key" + (f"; did you mean {'.'.join(loc[:-1] + hint)}?" if hint else "")
+        return f"{label}: {shown}: {problem} (allowed: {', '.join(allowed)})"
+    problem = e["msg"].removeprefix("Value error, ")
+    found, value = get_path(data, key) if loc else (False, None)
+    if found and e["type"] != "missing" and not isinstance(value, (dict, list)):
+        problem += f", got {value!r}"
+    allowed = _allowed(field_info, e)
+    return f"{label}: {shown}: {problem}" + (f" (allowed: {allowed})" if allowed else "")
+
+
+def _shown_key(key: str, origin: dict[str, str]) -> str:
+    for ours, theirs in sorted(origin.items(), key=lambda kv: -len(kv[0])):
+        if key == ours or key.startswith(ours + "."):
+            if theirs == COMMAND_LINE:
+                return f"{key} (from the command line)"
+            return f"{theirs}{key[len(ours):]} (read as {key})"
+    return key
+
+
+def _unwrap(annotation) -> list:
+    """The member types of Optional/Union annotations."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _model_in(annotation) -> type[BaseModel] | None:
+    for a in _unwrap(annotation):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _field_at(schema: type[BaseModel], loc: list[str]):
+    """(FieldInfo of the last key or None, the model that holds the last key or None) for an error location."""
+    model: type[BaseModel] | None = schema
+    info = None
+    for i, part in enumerate(loc):
+        holder = model
+        if model is not None and part in model.model_fields:
+            info = model.model_fields[part]
+            model = _model_in(info.annotation)
+            if model is None and i + 1 < len(loc):
+                args = [a for t in _unwrap(info.annotation) for a in typing.get_args(t)]  # dict[str, X] -> X
+                model = _model_in(args[-1]) if args else None
+                if model is not None:
+                    loc = loc[: i + 1] + loc[i + 2 :]  # skip the dict key / list index
+            continue
+        return (None, holder) if i == len(loc) - 1 else (None, None)
+    return info, holder if loc else schema
+
+
+def _allowed(info, e: dict) -> str:
+    if e["type"] == "literal_error":
+        return ", ".join(str(v) for v in e.get("ctx", {}).get("expected", "").replace("'", "").split(" or "))
+    if info is None:
+        return ""
+    literals = [v for a in _unwrap(info.annotation) if typing.get_origin(a) is typing.Literal for v in typing.get_args(a)]
+    if literals:
+        return ", ".join(str(v) for v in literals)
+    bounds = []
+    for m in info.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "at least")):
+            if getattr(m, attr, None) is not None:
+                bounds.append(f"{sym} {getattr(m, attr)}" + (" item(s)" if attr == "min_length" else ""))
+    if bounds:
+        return " and ".join(bounds)
+    if e["type"].startswith("bool"):
+        return "true, false"
+    return ""
+
+
+CONFIG_KINDS = ("serve", "lora", "cluster")
+
+
+def schema_for(kind: str) -> type[BaseModel]:
+    if kind == "serve":
+        from mlc.config.serve_config import ServeConfig
+
+        return ServeConfig
+    if kind == "cluster":
+        from mlc.config.cluster_config import ClusterConfig
+
+        return ClusterConfig
+    if kind in ("lora", "train"):
+        from mlc.config.train_config import TrainConfig
+
+        return TrainConfig
+    raise ConfigError(f"unknown config kind {kind!r} (allowed: {', '.join(CONFIG_KINDS)})")
+
+
+def detect_kind(data: dict) -> str:
+    """Which schema a config file is for, from its top-level keys."""
+    if "nodes" in data or "image" in data:
+        return "cluster"
+    if {"lora", "optimizer", "data", "lr_schedule"} & set(data):
+        return "lora"
+    return "serve"
+
+
+def load_any(path: str | Path, kind: str | None = None, overrides: dict[str, Any] | None = None) -> tuple[str, BaseModel]:
+    """(kind, config) for a serve, lora or cluster file; the kind is guessed from its keys unless given."""
+    kind = kind or detect_kind(read_yaml(path))
+    return kind, load_config(path, schema_for(kind), overrides)
+
+
+def parse_set_options(items: list[str] | None) -> dict[str, Any]:
+    """`--set key.sub=value` strings -> {dotted key: value}, values read as YAML (1e-4, true, [a, b])."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set engine.page_size=32")
+        try:
+            out[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({e})") from None
+    return out
