@@ -21,6 +21,9 @@ class KVCache:
         self.layers: list[LayerCache] = [
             {name: PagedTensor(slots, shape, dtype, device) for name, shape in layer.items()} for layer in spec
         ]
+        for layer in self.layers:  # page 0 is the null page padded gathers read
+            for tensor in layer.values():
+                tensor.data[:page_size].zero_()
 
     @staticmethod
     def bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: torch.dtype) -> int:

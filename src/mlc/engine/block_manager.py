@@ -1,0 +1,174 @@
+"""Pages of the KV cache: a free list, reference counts, and a prefix cache keyed by
+hash(parent page hash, page tokens, adapter id).
+
+Page 0 is reserved and never handed out: it stays zero, and padded attention gathers read it.
+Freed pages that hold a cached prefix stay findable until the page is handed out again (least recently freed first);
+pages without a cached prefix are reused before them.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from mlc.engine.sequence import Sequence
+
+NULL_PAGE = 0
+
+
+@dataclass
+class PageCopy:
+    """Copy the first `num_entries` slots of page `src` into page `dst` before the step runs (copy-on-write)."""
+
+    src: int
+    dst: int
+    num_entries: int
+
+
+def page_hash(parent: int | None, tokens: tuple[int, ...], adapter_id: int) -> int:
+    return hash((parent, tokens, adapter_id))
+
+
+class BlockManager:
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True):
+        if num_pages < 2:
+            raise ValueError("the KV cache needs at least 2 pages (one is reserved)")
+        self.num_pages, self.page_size = num_pages, page_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref = [0] * num_pages
+        self.free_plain: deque[int] = deque(range(1, num_pages))
+        self.free_cached: OrderedDict[int, None] = OrderedDict()
+        self.page_key: dict[int, tuple[int, tuple[int, ...]]] = {}  # page -> (hash, tokens)
+        self.hash_to_page: dict[int, int] = {}
+        self.prefix_queries = 0  # full prompt pages looked up
+        self.prefix_hits = 0  # of which found in the cache
+
+    # -- accounting --------------------------------------------------------------------------------------------
+    @property
+    def usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self.free_plain) + len(self.free_cached)
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free_pages / self.usable_pages
+
+    def pages_for(self, num_entries: int) -> int:
+        return (num_entries + self.page_size - 1) // self.page_size
+
+    # -- allocation --------------------------------------------------------------------------------------------
+    def _take_free(self) -> int:
+        if self.free_plain:
+            page = self.free_plain.popleft()
+        else:
+            page, _ = self.free_cached.popitem(last=False)
+            self._forget(page)
+        self.ref[page] = 1
+        return page
+
+    def _forget(self, page: int) -> None:
+        key = self.page_key.pop(page, None)
+        if key is not None and self.hash_to_page.get(key[0]) == page:
+            del self.hash_to_page[key[0]]
+
+    def _retain(self, page: int) -> None:
+        if self.ref[page] == 0:
+            self.free_cached.pop(page, None)
+        self.ref[page] += 1
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached pages for the longest cached prefix of a sequence that holds no pages yet.
+
+        At least the last page's worth of tokens is always recomputed, so a cached page is never written again.
+        Returns the number of tokens served from the cache.
+        """
+        if not self.enable_prefix_caching or seq.block_table:
+            return 0
+        tokens = seq.all_ids
+        usable = (len(tokens) - 1) // self.page_size
+        parent = None
+        hashes: list[int] = []
+        for i in range(usable):
+            chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+            h = page_hash(parent, chunk, seq.adapter_id)
+            self.prefix_queries += 1
+            page = self.hash_to_page.get(h)
+            if page is None or self.page_key[page][1] != chunk:
+                self.prefix_queries += usable - i - 1
+                break
+            self.prefix_hits += 1
+            self._retain(page)
+            seq.block_table.append(page)
+            hashes.append(h)
+            parent = h
+        seq.page_hashes = hashes
+        hit = len(hashes) * self.page_size
+        seq.num_cached = seq.num_cache_entries = hit
+        if not seq.output_ids:
+            seq.num_prefix_hit = hit
+        return hit
+
+    def can_grow(self, seq: Sequence, num_entries: int) -> bool:
+        need = self.pages_for(num_entries) - len(seq.block_table)
+        return need + self._cow_needed(seq, num_entries) <= self.num_free_pages
+
+    def _cow_needed(self, seq: Sequence, num_entries: int) -> int:
+        if not seq.block_table or seq.num_cache_entries % self.page_size == 0:
+            return 0
+        return int(num_entries > seq.num_cache_entries and self.ref[seq.block_table[-1]] > 1)
+
+    def grow(self, seq: Sequence, num_entries: int) -> list[PageCopy]:
+        """Give `seq` pages for `num_entries` cache entries; a shared, partly filled last page is copied first."""
+        copies: list[PageCopy] = []
+        if self._cow_needed(seq, num_entries):
+            old = seq.block_table[-1]
+            new = self._take_free()
+            copies.append(PageCopy(old, new, seq.num_cache_entries % self.page_size))
+            self._release(old)
+            seq.block_table[-1] = new
+        while len(seq.block_table) < self.pages_for(num_entries):
+            seq.block_table.append(self._take_free())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares all of the parent's pages (the `n` samples of one prompt)."""
+        for page in parent.block_table:
+            self._retain(page)
+        child.block_table = list(parent.block_table)
+        child.page_hashes = list(parent.page_hashes)
+        child.num_cached, child.num_cache_entries = parent.num_cached, parent.num_cache_entries
+
+    def register_full_pages(self, seq: Sequence) -> None:
+        """Make this sequence's newly filled pages findable by later prompts with the same prefix."""
+        if not self.enable_prefix_caching or seq.num_cache_entries != seq.num_cached:
+            return  # a compacted (sparse) cache no longer maps tokens to pages one to one
+        hashes = seq.page_hashes
+        tokens = seq.all_ids
+        full = min(seq.num_cached // self.page_size, len(seq.block_table))
+        while len(hashes) < full:
+            i = len(hashes)
+            chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+            h = page_hash(hashes[-1] if hashes else None, chunk, seq.adapter_id)
+            hashes.append(h)
+            page = seq.block_table[i]
+            if h not in self.hash_to_page and page not in self.page_key:
+                self.hash_to_page[h] = page
+                self.page_key[page] = (h, chunk)
+
+    # -- release -----------------------------------------------------------------------------------------------
+    def _release(self, page: int) -> None:
+        self.ref[page] -= 1
+        if self.ref[page] == 0:
+            if page in self.page_key:
+                self.free_cached[page] = None
+            else:
+                self.free_plain.append(page)
+
+    def free(self, seq: Sequence) -> None:
+        for page in reversed(seq.block_table):
+            self._release(page)
+        seq.block_table = []
+        seq.page_hashes = []
+        seq.num_cached = seq.num_cache_entries = 0

@@ -1,0 +1,84 @@
+"""Offline API: `LLM(model).generate(prompts, SamplingParams)` runs a whole batch to completion."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+
+from mlc.config.engine_config import EngineConfig
+from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.outputs import RequestOutput
+from mlc.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = "smollm2-135m-instruct",
+        engine: LLMEngine | None = None,
+        config: EngineConfig | None = None,
+        **overrides,
+    ):
+        if engine is None:
+            config = EngineConfig(**{**(config or EngineConfig(model=model)).model_dump(), **overrides})
+            engine = LLMEngine(config)
+        self.engine = engine
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def render_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation under the model's chat template, ready for generation."""
+        from mlc.models.tokenizer import render_chat
+
+        text = render_chat(self.tokenizer, messages, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None):
+        """Yield each step's new text for one prompt (used by `mlc-cli chat`)."""
+        rid = f"offline-{next(self._ids)}"
+        self.engine.add_request(rid, prompt, params)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort(rid)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        on_progress: Callable[[RequestOutput], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Outputs in the order of `prompts`; `on_progress` is called as each request finishes."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        order = []
+        for prompt, p in zip(prompts, plist):
+            rid = f"offline-{next(self._ids)}"
+            self.engine.add_request(rid, prompt, p)
+            order.append(rid)
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(order):
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+                    if on_progress:
+                        on_progress(out)
+        return [done[r] for r in order]
+
+    def chat(self, conversations: list[dict] | list[list[dict]], params: SamplingParams | None = None, **kw):
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        return self.generate([self.render_chat(c) for c in conversations], params, **kw)

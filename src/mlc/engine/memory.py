@@ -1,0 +1,64 @@
+"""How many KV pages to preallocate from a memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on the device (MemAvailable for the CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "npu":
+        return int(torch.npu.mem_get_info(device)[0])
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
+
+
+@dataclass
+class CachePlan:
+    num_pages: int  # including the reserved null page
+    bytes_per_token: int
+    page_size: int
+    budget_bytes: int
+    capped_by_need: bool
+
+    @property
+    def bytes_per_page(self) -> int:
+        return self.bytes_per_token * self.page_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_pages * self.bytes_per_page
+
+    @property
+    def token_capacity(self) -> int:
+        return (self.num_pages - 1) * self.page_size
+
+
+def plan_cache(
+    bytes_per_token: int,
+    page_size: int,
+    budget_bytes: int | None,
+    fraction: float,
+    device: torch.device,
+    max_batch_size: int,
+    max_seq_len: int,
+) -> CachePlan:
+    """An explicit budget is taken as is; otherwise `fraction` of free memory, but never more than the batch can use
+    (max_batch_size full-length sequences)."""
+    bytes_per_page = bytes_per_token * page_size
+    need_pages = max_batch_size * ((max_seq_len + page_size - 1) // page_size) + 1
+    if budget_bytes is not None:
+        pages, capped = budget_bytes // bytes_per_page, False
+    else:
+        budget_bytes = int(available_memory(device) * fraction)
+        pages = budget_bytes // bytes_per_page
+        capped = pages > need_pages
+        pages = min(pages, need_pages)
+    return CachePlan(int(pages), bytes_per_token, page_size, int(budget_bytes), capped)

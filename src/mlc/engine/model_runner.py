@@ -1,0 +1,48 @@
+"""Runs one scheduled step: builds flat inputs and attention metadata, runs the model, returns next-token logits."""
+
+from __future__ import annotations
+
+import torch
+
+from mlc.engine.block_manager import PageCopy
+from mlc.engine.kv_cache import KVCache
+from mlc.engine.scheduler import ScheduledSeq
+from mlc.layers.attention import build_attention_metadata
+
+
+class ModelRunner:
+    def __init__(self, model, kv_cache: KVCache):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.device = model.device
+
+    def apply_copies(self, copies: list[PageCopy]) -> None:
+        ps = self.kv_cache.page_size
+        for c in copies:
+            src = torch.arange(c.src * ps, c.src * ps + c.num_entries, device=self.device)
+            dst = torch.arange(c.dst * ps, c.dst * ps + c.num_entries, device=self.device)
+            for layer in self.kv_cache.layers:
+                for tensor in layer.values():
+                    tensor.copy_slots(src, dst)
+
+    @torch.inference_mode()
+    def run(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
+        """fp32 logits `[n, vocab]`, one row for each scheduled sequence whose step completes it, in order."""
+        ids: list[int] = []
+        positions: list[int] = []
+        qlens, ctx, tables = [], [], []
+        for s in scheduled:
+            seq, k = s.seq, s.num_tokens
+            ids += seq.all_ids[seq.num_cached : seq.num_cached + k]
+            positions += range(seq.num_cached, seq.num_cached + k)
+            qlens.append(k)
+            ctx.append(seq.num_cache_entries + k)
+            tables.append(seq.block_table)
+        meta = build_attention_metadata(qlens, ctx, tables, self.kv_cache.page_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
+        rows = [r for r, s in zip(meta.last_token_indices(), scheduled) if s.completes]
+        if not rows:
+            return hidden.new_empty(0, 0)
+        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])

@@ -1,0 +1,83 @@
+"""Turns next-token logits into tokens, each row with its own parameters and its own random generator.
+
+Order: penalties (repetition over prompt+output, presence/frequency over output), min_new_tokens (EOS barred),
+then greedy argmax, or temperature -> top-k -> top-p -> min-p -> a draw from the row's generator. A seeded request
+draws from a generator seeded by (seed + sample index), so its output does not depend on what it is batched with.
+Reported logprobs are those of the model's distribution before any processing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlc.engine.sequence import Sequence, TokenLogprob
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: set[int], seed: int = 0):
+        self.eos_token_ids = set(eos_token_ids)
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None]]:
+        logits = logits.float()
+        raw_logprobs = None
+        if any(s.params.logprobs is not None for s in seqs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        if any(self._needs_processing(s) for s in seqs):
+            logits = logits.clone()
+            for i, s in enumerate(seqs):
+                self._penalize(logits[i], s)
+        greedy = [s.params.greedy for s in seqs]
+        tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(seqs)
+        for i, s in enumerate(seqs):
+            if not greedy[i]:
+                tokens[i] = self._draw(logits[i], s)
+        return [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
+
+    def _needs_processing(self, s: Sequence) -> bool:
+        p = s.params
+        return (
+            p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            or len(s.output_ids) < p.min_new_tokens
+        )
+
+    def _penalize(self, row: torch.Tensor, s: Sequence) -> None:
+        p = s.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(s.all_ids)), dtype=torch.long)
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and s.output_ids:
+            counts = torch.bincount(torch.tensor(s.output_ids), minlength=row.shape[0]).to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        if len(s.output_ids) < p.min_new_tokens:
+            barred = (self.eos_token_ids | set(p.stop_token_ids)) - {None}
+            if barred:
+                row[torch.tensor(sorted(barred), dtype=torch.long)] = float("-inf")
+
+    def _draw(self, row: torch.Tensor, s: Sequence) -> int:
+        p = s.params
+        row = row / p.temperature
+        if p.top_k > 0 and p.top_k < row.shape[0]:
+            kth = torch.topk(row, p.top_k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            before = sorted_probs.cumsum(0) - sorted_probs  # mass strictly above each token
+            drop = before >= p.top_p
+            probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        gen = s.generator if s.generator is not None else self.rng
+        return int(torch.multinomial(probs, 1, generator=gen))
+
+    @staticmethod
+    def _logprob(raw, i: int, token: int, s: Sequence) -> TokenLogprob | None:
+        if raw is None or s.params.logprobs is None:
+            return None
+        entry = TokenLogprob(token, float(raw[i, token]))
+        if s.params.logprobs > 0:
+            vals, ids = raw[i].topk(s.params.logprobs)
+            entry.top = list(zip(ids.tolist(), vals.tolist()))
+        return entry
