@@ -281,7 +281,8 @@ class LLMEngine:
             token_times=list(first.token_times), num_prompt_tokens=len(req.prompt_ids),
             num_prefix_hit_tokens=first.num_prefix_hit, num_preemptions=sum(s.num_preemptions for s in req.seqs),
         )
-        return RequestOutput(req.request_id, req.prompt_ids, outs, req.finished, metrics)
+        prompt_lp = list(first.prompt_logprobs) if req.params.prompt_logprobs else None
+        return RequestOutput(req.request_id, req.prompt_ids, outs, req.finished, metrics, prompt_lp)
 
     def stats(self) -> EngineStats:
         bm = self.block_manager

@@ -27,7 +27,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """fp32 logits `[n, vocab]`, one row for each scheduled sequence whose step completes it, in order."""
+        """fp32 logits `[n, vocab]`, one row for each scheduled sequence whose step completes it, in order.
+
+        Sequences that asked for prompt logprobs get them appended for the prompt tokens this step scored."""
         ids: list[int] = []
         positions: list[int] = []
         qlens, ctx, tables = [], [], []
@@ -42,7 +44,23 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
+        for s, start in zip(scheduled, meta.query_start):
+            if s.seq.params.prompt_logprobs:
+                self._score_prompt(s, hidden[start : start + s.num_tokens])
         rows = [r for r, s in zip(meta.last_token_indices(), scheduled) if s.completes]
         if not rows:
             return hidden.new_empty(0, 0)
         return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+
+    def _score_prompt(self, s: ScheduledSeq, hidden: torch.Tensor) -> None:
+        """Logprob of prompt token p+1 from the hidden state at p, for positions not scored before (recompute)."""
+        seq = s.seq
+        first = seq.num_cached  # position of hidden[0]
+        targets = seq.prompt_ids[first + 1 : first + s.num_tokens + 1]
+        skip = len(seq.prompt_logprobs) - first  # already scored before a preemption
+        if not targets or skip >= len(targets):
+            return
+        rows = hidden[max(skip, 0) : len(targets)]
+        logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+        want = torch.tensor(targets[max(skip, 0) :], device=logprobs.device)
+        seq.prompt_logprobs += logprobs.gather(1, want[:, None])[:, 0].tolist()

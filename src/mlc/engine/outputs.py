@@ -46,6 +46,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    prompt_logprobs: list[float] | None = None  # for prompt tokens 1..n-1, when asked for
 
     @property
     def num_generated_tokens(self) -> int:

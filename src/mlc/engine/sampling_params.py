@@ -23,6 +23,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_new_tokens: int = 0
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: chosen plus top-k
+    prompt_logprobs: bool = False  # logprob of every prompt token given the ones before it (scoring, perplexity)
     n: int = 1
     include_stop_str_in_output: bool = False
 

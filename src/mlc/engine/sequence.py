@@ -37,6 +37,7 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[float] = field(default_factory=list)  # for prompt tokens 1.. (token 0 has none)
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
     page_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of the full pages computed so far
