@@ -1,0 +1,111 @@
+"""`mlc-cli bench ...`: benchmarks. `bench serve` loads a running OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from mlc.errors import InvalidRequestError
+
+console = Console()
+bench_app = typer.Typer(help="Benchmarks. `bench serve` loads a running OpenAI-compatible server over HTTP.",
+                        no_args_is_help=True)
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidRequestError(f"--concurrency {text!r}: write integers separated by commas, e.g. 1,8,32") from None
+    if not levels or min(levels) < 1:
+        raise InvalidRequestError(f"--concurrency {text!r}: every level must be at least 1")
+    return levels
+
+
+def _cell(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def serve_table(model: str, reports, slo: bool) -> Table:
+    """One column per concurrency level, one row per measure (fits a terminal for any number of levels)."""
+    table = Table(title=f"bench serve: {model}")
+    table.add_column("measure")
+    for r in reports:
+        table.add_column(f"concurrency {r.concurrency}", justify="right")
+    rows: list[tuple[str, list[str]]] = [
+        ("completed / failed", [f"{r.completed} / {r.failed}" for r in reports]),
+        ("duration s", [_cell(r.duration_s) for r in reports]),
+    ]
+    for label, attr in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2E", "e2e_ms")):
+        for stat in ("mean", "p50", "p99"):
+            rows.append((f"{label} {stat} ms", [_cell(getattr(getattr(r, attr), stat)) for r in reports]))
+    rows += [
+        ("output tokens/s", [_cell(r.output_tok_s) for r in reports]),
+        ("requests/s", [_cell(r.request_throughput, 2) for r in reports]),
+    ]
+    if slo:
+        rows.append(("goodput requests/s", [_cell(r.goodput, 2) for r in reports]))
+    for label, cells in rows:
+        table.add_row(label, *cells)
+    return table
+
+
+@bench_app.command("serve")
+def bench_serve(
+    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is fine).")],
+    concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
+    num_prompts: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="max_tokens per request.")] = 128,
+    dataset: Annotated[str, typer.Option(help="'builtin' or a JSONL file of {prompt} / {messages} rows.")] = "builtin",
+    model: Annotated[Optional[str], typer.Option(help="Model id; default: the first of /v1/models.")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Bearer key; default: $MLC_API_KEY (its first key).")] = None,
+    temperature: float = 0.0,
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly max_tokens (vLLM/mlc extension).")] = False,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option(help="Goodput SLO on time to first token.")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option(help="Goodput SLO on time per output token.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds per request before it counts as failed.")] = 600.0,
+    warmup: Annotated[int, typer.Option(help="Requests sent first and not measured.")] = 1,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
+) -> None:
+    """Measure TTFT, TPOT, ITL, E2E, throughput and goodput of a running OpenAI-compatible server."""
+    from mlc.bench.serve import BenchConfig, run_bench, to_json
+
+    key = api_key or next(iter(k.strip() for k in os.environ.get("MLC_API_KEY", "").split(",") if k.strip()), None)
+    cfg = BenchConfig(url=url, concurrency=parse_levels(concurrency), num_prompts=num_prompts, max_tokens=max_tokens,
+                      dataset=dataset, model=model, api_key=key, temperature=temperature, ignore_eos=ignore_eos,
+                      slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, timeout_s=timeout, warmup=warmup)
+
+    def progress(rep) -> None:
+        console.print(f"concurrency {rep.concurrency}: {rep.completed} ok, {rep.failed} failed in "
+                      f"{rep.duration_s:.1f}s", highlight=False)
+
+    model_id, reports = asyncio.run(run_bench(cfg, on_level=progress))
+    console.print(serve_table(model_id, reports, slo_ttft_ms is not None or slo_tpot_ms is not None))
+    for rep in reports:
+        for e in rep.errors:
+            console.print(f"[red]concurrency {rep.concurrency} error:[/] {e}", highlight=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(to_json(cfg, model_id, reports), indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {json_out}")
+
+
+# Benchmarks that run the engine in-process live in their own modules, each with `register(bench_app)`.
+IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant"]
+
+
+def register(app: typer.Typer) -> None:
+    import importlib
+    import importlib.util
+
+    for name in IN_PROCESS_BENCHES:
+        if importlib.util.find_spec(f"mlc.cli.{name}") is not None:
+            importlib.import_module(f"mlc.cli.{name}").register(bench_app)
+    app.add_typer(bench_app, name="bench")

@@ -1,0 +1,141 @@
+"""`mlc-cli serve`: the HTTP server (native /generate and the OpenAI-compatible /v1 API) on one model."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from mlc.cli import common
+from mlc.errors import ConfigError
+
+err = Console(stderr=True)
+
+
+def parse_profiles(items: list[str] | None) -> dict[str, int]:
+    """`--context-profile qa=4096` (repeatable) -> {"qa": 4096}."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, tokens = item.partition("=")
+        if not sep or not name.strip() or not tokens.strip().isdigit():
+            raise ConfigError(f"--context-profile {item!r} is not NAME=TOKENS; write e.g. --context-profile qa=4096")
+        out[name.strip()] = int(tokens)
+    return out
+
+
+def parse_loras(items: list[str] | None) -> dict[str, str]:
+    """`--lora support=runs/cs/adapter` (repeatable) -> {"support": "runs/cs/adapter"}."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ConfigError(f"--lora {item!r} is not NAME=DIR; write e.g. --lora support=runs/cs/adapter")
+        out[name.strip()] = path.strip()
+    return out
+
+
+def build_config(config: Path | None, overrides: dict[str, Any], api_keys: list[str], profiles: dict[str, int]):
+    """ServeConfig from the file, then flags; keys and profiles add to the file's (flags win on a name)."""
+    from mlc.config.loader import load_config, read_yaml
+    from mlc.config.serve_config import ServeConfig
+    from mlc.server.auth import keys_from_env
+
+    base = read_yaml(config) if config is not None else {}
+    keys = list(dict.fromkeys([*(base.get("api_keys") or []), *api_keys, *keys_from_env()]))
+    if keys:
+        overrides["api_keys"] = keys
+    if profiles:
+        overrides["context_profiles"] = {**(base.get("context_profiles") or {}), **profiles}
+    return load_config(config, ServeConfig, overrides)
+
+
+def check_model(model: str) -> None:
+    """Fail before binding the port when the model is not there (a .gguf is converted later, in the background)."""
+    from mlc.models.store import resolve_model_dir
+
+    if not model.endswith(".gguf"):
+        resolve_model_dir(model)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def serve(
+        model: Annotated[Optional[str], typer.Option(
+            "--model", "-m", help="Store name, HF checkpoint dir or .gguf file.")] = None,
+        host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
+        port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
+        config: common.ConfigOpt = None,
+        device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N, npu or auto.")] = None,
+        dtype: Annotated[Optional[str], typer.Option(help="auto (fp32 on CPU), fp32, fp16, bf16.")] = None,
+        weight_dtype: common.WeightDtypeOpt = None,
+        kv_cache_dtype: common.KVDtypeOpt = None,
+        kv_cache_memory: common.KVMemOpt = None,
+        page_size: common.PageSizeOpt = None,
+        max_batch_size: common.BatchOpt = None,
+        max_seq_len: common.SeqLenOpt = None,
+        max_num_batched_tokens: common.TokensOpt = None,
+        prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching")] = None,
+        seed: Annotated[Optional[int], typer.Option(help="Engine seed for unseeded sampling.")] = None,
+        api_key: Annotated[Optional[list[str]], typer.Option(
+            "--api-key", help="Accepted bearer key (repeatable); MLC_API_KEY may hold more, comma-separated.")] = None,
+        max_queue: Annotated[Optional[int], typer.Option(
+            help="Waiting requests beyond the batch; more get 429.")] = None,
+        request_timeout: Annotated[Optional[float], typer.Option(
+            help="Seconds per request; past it the request ends with finish_reason 'timeout'.")] = None,
+        shutdown_grace: Annotated[Optional[float], typer.Option(
+            help="On SIGTERM, seconds in-flight requests get before being cancelled.")] = None,
+        audit_log: Annotated[Optional[Path], typer.Option(help="Write one JSON line per request here.")] = None,
+        audit_log_content: Annotated[Optional[bool], typer.Option(
+            "--audit-log-content", help="Also log prompts and outputs (off: counts only).")] = None,
+        strict_input: Annotated[Optional[bool], typer.Option(
+            "--strict-input", help="Reject prompts with invisible format characters; default: strip them.")] = None,
+        context_profile: Annotated[Optional[list[str]], typer.Option(
+            "--context-profile", help="NAME=TOKENS, a named context limit requests pick (repeatable).")] = None,
+        default_max_tokens: Annotated[Optional[int], typer.Option(
+            help="Completion length when a request gives none (default 512).")] = None,
+        served_model_name: Annotated[Optional[str], typer.Option(help="Model id for clients; default --model.")] = None,
+        lora: Annotated[Optional[list[str]], typer.Option(
+            "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
+        threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: one per core).")] = None,
+        log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+        access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
+    ) -> None:
+        """Serve a model over HTTP: /generate, /v1/completions, /v1/chat/completions, /metrics, a chat page at /."""
+        from mlc.server.hooks import load_hooks
+        from mlc.server.run import build_server
+
+        overrides = {
+            "engine.model": model, "engine.device": device, "engine.dtype": dtype, "engine.weight_dtype": weight_dtype,
+            "engine.kv_cache_dtype": kv_cache_dtype, "engine.kv_cache_memory": kv_cache_memory,
+            "engine.page_size": page_size, "engine.max_batch_size": max_batch_size,
+            "engine.max_seq_len": max_seq_len, "engine.max_num_batched_tokens": max_num_batched_tokens,
+            "engine.enable_prefix_caching": prefix_caching, "engine.seed": seed,
+            "host": host, "port": port, "max_queue": max_queue, "request_timeout_s": request_timeout,
+            "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
+            "audit_log_content": audit_log_content, "strict_input": strict_input,
+            "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
+            "engine.num_threads": threads,
+        }
+        if lora:
+            overrides["engine.lora_adapters"] = parse_loras(lora)
+        cfg = build_config(config, overrides, list(api_key or []), parse_profiles(context_profile))
+        hooks = load_hooks()
+        check_model(cfg.engine.model)
+        level = log_level.upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error")
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        server = build_server(cfg, hooks, log_level=log_level.lower(), access_log=access_log)
+        auth = f"{len(cfg.api_keys)} API key(s)" if cfg.api_keys else "no auth"
+        if not cfg.api_keys and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+            err.print(f"[yellow]warning:[/] listening on {cfg.host} without --api-key: anyone who can reach this "
+                      "port can use the model", highlight=False)
+        hook_note = f", {len(hooks.post_inference)} post_inference hook(s)" if hooks.post_inference else ""
+        err.print(f"serving [bold]{cfg.engine.model}[/] on http://{cfg.host}:{cfg.port} ({auth}{hook_note}); "
+                  "the model loads in the background, /health answers 200 when it is ready", highlight=False)
+        server.run()
+        if server.state.exit_code:
+            raise typer.Exit(server.state.exit_code)

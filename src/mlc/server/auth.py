@@ -1,0 +1,70 @@
+"""Bearer-token auth: with keys configured, every route but the open ones needs `Authorization: Bearer <key>`.
+
+Checked in an ASGI middleware, before the body is read, so an unauthenticated client learns nothing about the API
+beyond 401. Failures are logged with the client address and the reason, never with the key that was sent.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+
+from fastapi.security import HTTPBearer
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mlc.errors import AuthError
+from mlc.server.errors import mlc_error_response
+
+log = logging.getLogger("mlc.server")
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/live", "/", "/favicon.ico"})
+OPEN_PREFIXES = ("/static/",)
+ENV_VAR = "MLC_API_KEY"
+
+# Documents the scheme in /openapi.json; the middleware does the checking.
+bearer_scheme = HTTPBearer(auto_error=False, description="Needed when the server runs with --api-key / MLC_API_KEY.")
+
+
+def keys_from_env(value: str | None = None) -> list[str]:
+    """MLC_API_KEY holds one key or several, comma-separated."""
+    raw = os.environ.get(ENV_VAR, "") if value is None else value
+    return [k.strip() for k in raw.split(",") if k.strip()]
+
+
+def is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+def check_authorization(header: str | None, keys: list[str]) -> str | None:
+    """None when the header carries one of `keys`; else why not (for the log and the 401 message)."""
+    if not header:
+        return "no Authorization header"
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "the Authorization header is not 'Bearer <key>'"
+    token = token.strip().encode()
+    # compare against every key, so the time taken does not reveal which prefix matched
+    ok = [hmac.compare_digest(token, k.encode()) for k in keys]
+    return None if any(ok) else "the key is not one of the server's keys"
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: list[str]):
+        self.app = app
+        self.keys = list(keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or is_open(scope["path"]) or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        problem = check_authorization(headers.get("authorization"), self.keys)
+        if problem is None:
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client") or ("?", 0)
+        log.warning("401 %s %s from %s: %s", scope["method"], scope["path"], client[0], problem)
+        err = AuthError(f"unauthorized: {problem}; send 'Authorization: Bearer <key>' with a key the server was "
+                        "started with (--api-key or MLC_API_KEY)")
+        await mlc_error_response(err)(scope, receive, send)

@@ -1,0 +1,123 @@
+"""One engine request as the server runs it: a deadline, cancellation on shutdown or disconnect, and metrics.
+
+`next()` hands out the engine's outputs. When --request-timeout passes or the server cancels the request at
+shutdown, the engine request is aborted (its pages freed) and one last output carries the text so far with
+finish_reason "timeout" or "abort", so a client always learns why its text ended. If that happens before any token,
+`next()` raises a typed error instead (504 or 503): never an empty 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+from mlc.engine.sampling_params import SamplingParams
+from mlc.server.errors import RequestTimeoutError, ServiceUnavailableError
+
+if TYPE_CHECKING:
+    from mlc.engine.outputs import RequestOutput
+    from mlc.server.state import ServerState
+
+
+class Generation:
+    def __init__(self, state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                 adapter_id: int = 0):
+        self.state = state
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.weight = params.n  # sequences it will hold in the batch
+        self.start_time = time.monotonic()
+        self.first_output_time: float | None = None
+        self.last: RequestOutput | None = None
+        self.stop_reason: str | None = None
+        self.done = False
+        self.closed = False
+        self._sent = [0] * params.n  # characters of each sample's text handed out as deltas
+        self._pending: asyncio.Future | None = None
+        self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id)
+        self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, "timeout")
+        state.active.add(self)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.last.outputs[0].finish_reason if self.last is not None and self.last.outputs else None
+
+    def stop(self, reason: str) -> None:
+        """End the request early ("timeout", "abort"); the next `next()` returns the final output."""
+        if self.done or self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        if self._pending is not None:
+            self._pending.cancel()
+
+    async def next(self) -> RequestOutput | None:
+        """The next output, or None once the final one was handed out."""
+        if self.done:
+            return None
+        if self.stop_reason is not None:
+            await self._gen.aclose()  # aborts the engine request
+            return self._stopped()
+        self._pending = asyncio.ensure_future(self._gen.__anext__())
+        try:
+            out = await self._pending
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.stop_reason is not None and not (task and task.cancelling()):
+                return self._stopped()
+            raise
+        except StopAsyncIteration:
+            self.done = True
+            return None
+        finally:
+            self._pending = None
+        if self.first_output_time is None:
+            self.first_output_time = time.monotonic()
+        self.last = out
+        for o in out.outputs:
+            if o.index < len(self._sent):
+                self._sent[o.index] += len(o.delta_text)
+        if out.finished:
+            self.done = True
+        return out
+
+    def _stopped(self) -> RequestOutput:
+        self.done = True
+        if self.last is None:
+            limit = self.state.config.request_timeout_s
+            if self.stop_reason == "timeout":
+                raise RequestTimeoutError(
+                    f"no token within --request-timeout ({limit:g}s); the server is busy or the prompt is long: "
+                    "retry later or raise --request-timeout"
+                )
+            raise ServiceUnavailableError("the server is shutting down and cancelled this request; retry elsewhere")
+        outs = []
+        for o in self.last.outputs:
+            if o.finish_reason is not None:
+                outs.append(dataclasses.replace(o, delta_text="", delta_token_ids=[], delta_logprobs=None))
+                continue
+            rest = o.text[self._sent[o.index]:] if o.index < len(self._sent) else ""
+            outs.append(dataclasses.replace(o, finish_reason=self.stop_reason, delta_text=rest,
+                                            delta_token_ids=[], delta_logprobs=[] if o.logprobs is not None else None))
+        self.last = dataclasses.replace(self.last, outputs=outs, finished=True)
+        return self.last
+
+    async def close(self) -> None:
+        """Release everything (idempotent): abort the engine request if it still runs, record metrics."""
+        if self.closed:
+            return
+        self.closed = True
+        self._timer.cancel()
+        if self._pending is not None:  # another task is still in next(): let it unwind before closing
+            self._pending.cancel()
+            await asyncio.wait({self._pending})
+        await self._gen.aclose()
+        self.state.active.discard(self)
+        end = time.monotonic()
+        if self.last is not None:
+            self.state.metrics.observe(self.last, self.start_time, self.first_output_time, end)
+            self.state.note_latency(end - self.start_time)
+        reason = self.finish_reason if self.done and self.last is not None else "abort"
+        self.state.metrics.count_finished(reason or "abort")

@@ -1,0 +1,174 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (streaming with SSE and [DONE])."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Security
+
+from mlc.errors import InvalidRequestError
+from mlc.server import run_request as rr
+from mlc.server.audit import audit_info
+from mlc.server.auth import bearer_scheme
+from mlc.server.errors import UnsupportedFeatureError
+from mlc.server.openai_format import (
+    ChatStream, CompletionStream, chat_logprobs, completion_logprobs, sorted_outputs, usage_of,
+)
+from mlc.server.params import completion_budget, resolve_context, sampling_params, stop_list
+from mlc.server.prompting import Prompt, encode, from_ids, render
+from mlc.server.responses_doc import ERROR_RESPONSES, sse_response_doc
+from mlc.server.schemas import (
+    AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice, CompletionRequest,
+    CompletionResponse, ModelCard, ModelList, OpenAIRequest,
+)
+from mlc.server.state import ServerState
+
+router = APIRouter(tags=["OpenAI-compatible"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
+
+
+@router.get("/v1/models", response_model=ModelList, summary="The served model")
+async def list_models(request: Request):
+    state = rr.get_state(request)
+    state.require_engine()
+    names = [state.model_id, *state.llm.adapter_ids]  # the base model, then its LoRA adapters
+    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.llm.max_seq_len) for n in names])
+
+
+def _refuse_unsupported(body: OpenAIRequest) -> None:
+    if body.logit_bias:
+        raise UnsupportedFeatureError("logit_bias is not supported; omit it", field="logit_bias")
+
+
+def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, max_tokens: int | None, max_field: str,
+            logprobs: int | None, rename: dict[str, str]):
+    limits = resolve_context(state.config, state.llm.max_seq_len, body.context_length, body.context_profile)
+    budget = completion_budget(len(prompt.ids), max_tokens, limits, state.config.default_max_tokens, max_field)
+    params = sampling_params(
+        rename, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+        min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, seed=body.seed, stop=stop_list(body.stop),
+        stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos, min_new_tokens=body.min_tokens,
+        logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
+    )
+    rr.validate(state, prompt.ids, params, rename)
+    return params
+
+
+def _completion_prompts(state: ServerState, prompt) -> list[Prompt]:
+    if isinstance(prompt, str):
+        return [encode(state, prompt, "prompt")]
+    if prompt and isinstance(prompt[0], int):
+        return [from_ids(state, prompt, "prompt")]
+    if prompt and isinstance(prompt[0], str):
+        return [encode(state, p, f"prompt[{k}]") for k, p in enumerate(prompt)]
+    return [from_ids(state, p, f"prompt[{k}]") for k, p in enumerate(prompt)]
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=sse_response_doc("text_completion JSON"),
+             summary="Complete a prompt (or several)")
+async def completions(body: CompletionRequest, request: Request):
+    state = rr.get_state(request)
+    info = audit_info(request.scope)
+    state.require_engine()
+    adapter_id = state.check_model(body.model)
+    model_name = body.model or state.model_id
+    _refuse_unsupported(body)
+    if body.suffix is not None:
+        raise UnsupportedFeatureError("suffix (insertion) is not supported; omit it", field="suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise UnsupportedFeatureError("best_of other than n is not supported", field="best_of")
+    if body.echo and body.logprobs is not None:
+        raise UnsupportedFeatureError("echo with logprobs (prompt logprobs) is not supported", field="echo")
+    prompts = _completion_prompts(state, body.prompt)
+    if body.stream and len(prompts) > 1:
+        raise UnsupportedFeatureError("stream with several prompts is not supported; send one prompt per request",
+                                      field="prompt")
+    rename = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+    jobs = [(p.ids, _params(state, body, p, body.max_tokens, "max_tokens", body.logprobs, rename)) for p in prompts]
+    rid = state.new_request_id("cmpl")
+    stripped = sum(p.stripped for p in prompts)
+    info.request_id, info.prompt_tokens, info.stripped_chars = rid, sum(len(p.ids) for p in prompts), stripped
+    if state.config.audit_log_content:
+        info.prompt = body.prompt if isinstance(body.prompt, str) else [p.text for p in prompts]
+    gens = await rr.start(state, rid, jobs, adapter_id)
+    headers = rr.headers_for(rid, stripped)
+    tt = state.token_text
+    echoes = [(p.text if p.text is not None else state.llm.tokenizer.decode(p.ids)) if body.echo else None
+              for p in prompts]
+    if body.stream:
+        fmt = CompletionStream(rid, state.created_now(), model_name, tt, body.logprobs, body.n,
+                               bool(body.stream_options and body.stream_options.include_usage), echoes[0])
+        return await rr.stream(request, gens[0], fmt.chunks, fmt.final, headers)
+    outs = await rr.run_to_end(request, gens)
+    if not isinstance(outs, list):
+        return outs
+    choices = []
+    for k, out in enumerate(outs):
+        for o in sorted_outputs(out):
+            echo = echoes[k] or ""
+            lp = None
+            if body.logprobs is not None:
+                lp = completion_logprobs(o.logprobs or [], tt, body.logprobs > 0, len(echo))
+            choices.append(CompletionChoice(index=k * body.n + o.index, text=echo + o.text, logprobs=lp,
+                                            finish_reason=o.finish_reason))
+    resp = CompletionResponse(id=rid, created=state.created_now(), model=model_name, choices=choices,
+                              usage=usage_of(outs), stripped_chars=stripped)
+    return rr.json_response(resp, headers)
+
+
+def _chat_checks(body: ChatCompletionRequest) -> tuple[int | None, str]:
+    _refuse_unsupported(body)
+    if body.response_format is not None and body.response_format.type != "text":
+        raise UnsupportedFeatureError(
+            f"response_format {body.response_format.type!r} is not supported yet: this server has no constrained "
+            "(JSON) decoding. Omit response_format, ask for JSON in the prompt and validate the reply yourself",
+            field="response_format")
+    if body.tools:
+        raise UnsupportedFeatureError("tools (function calling) are not supported by this server", field="tools")
+    if body.tool_choice not in (None, "none"):
+        raise UnsupportedFeatureError("tool_choice is not supported by this server", field="tool_choice")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequestError("top_logprobs needs logprobs: true", field="top_logprobs")
+    if body.max_tokens is not None and body.max_completion_tokens is not None \
+            and body.max_tokens != body.max_completion_tokens:
+        raise InvalidRequestError("max_tokens and max_completion_tokens disagree; send one of them",
+                                  field="max_completion_tokens")
+    if body.max_completion_tokens is not None:
+        return body.max_completion_tokens, "max_completion_tokens"
+    return body.max_tokens, "max_tokens"
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             responses=sse_response_doc("chat.completion.chunk JSON"), summary="Chat, with the model's chat template")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = rr.get_state(request)
+    info = audit_info(request.scope)
+    state.require_engine()
+    adapter_id = state.check_model(body.model)
+    model_name = body.model or state.model_id
+    max_tokens, max_field = _chat_checks(body)
+    prompt = render(state, body.messages)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    rename = {"max_new_tokens": max_field, "min_new_tokens": "min_tokens", "logprobs": "top_logprobs"}
+    params = _params(state, body, prompt, max_tokens, max_field, logprobs, rename)
+    rid = state.new_request_id("chatcmpl")
+    info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped
+    if state.config.audit_log_content:
+        info.prompt = [m.model_dump(exclude_none=True) for m in body.messages]
+    (gen,) = await rr.start(state, rid, [(prompt.ids, params)], adapter_id)
+    headers = rr.headers_for(rid, prompt.stripped)
+    tt = state.token_text
+    if body.stream:
+        fmt = ChatStream(rid, state.created_now(), model_name, tt, body.logprobs, body.n,
+                         bool(body.stream_options and body.stream_options.include_usage))
+        return await rr.stream(request, gen, fmt.chunks, fmt.final, headers, opening=fmt.start())
+    outs = await rr.run_to_end(request, [gen])
+    if not isinstance(outs, list):
+        return outs
+    (out,) = outs
+    choices = [
+        ChatChoice(index=o.index, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
+                   logprobs=chat_logprobs(o.logprobs or [], tt) if body.logprobs else None)
+        for o in sorted_outputs(out)
+    ]
+    resp = ChatCompletionResponse(id=rid, created=state.created_now(), model=model_name, choices=choices,
+                                  usage=usage_of(outs), stripped_chars=prompt.stripped)
+    return rr.json_response(resp, headers)

@@ -1,0 +1,140 @@
+"""The steps every generating route shares: admission, running one or several Generations to the end or as a
+stream, and what the audit log and response headers learn from them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from mlc.engine.sampling_params import SamplingParams
+from mlc.errors import MlcError
+from mlc.server.audit import AuditInfo, audit_info
+from mlc.server.errors import ClientDisconnected, error_body
+from mlc.server.generation import Generation
+from mlc.server.input_policy import STRIPPED_HEADER
+from mlc.server.params import rename_field
+from mlc.server.state import ServerState
+from mlc.server.streaming import DONE, SSEResponse, sse, until_disconnect
+
+if TYPE_CHECKING:
+    from mlc.engine.outputs import RequestOutput
+
+CLIENT_CLOSED = 499
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.mlc
+
+
+def headers_for(request_id: str, stripped: int) -> dict[str, str]:
+    return {"x-request-id": request_id, STRIPPED_HEADER: str(stripped)}
+
+
+def validate(state: ServerState, ids: list[int], params: SamplingParams, rename: dict[str, str]) -> None:
+    """The engine's own checks (vocabulary, context, KV capacity), as a 4xx before anything starts."""
+    try:
+        state.llm.validate(ids, params)
+    except MlcError as e:
+        raise rename_field(e, rename) from None
+
+
+async def start(state: ServerState, request_id: str, jobs: list[tuple[list[int], SamplingParams]],
+                adapter_id: int = 0) -> list[Generation]:
+    """Admit and start one Generation per (prompt ids, params); all or none."""
+    gens: list[Generation] = []
+    try:
+        for k, (ids, params) in enumerate(jobs):
+            state.admit(params.n)
+            gens.append(Generation(state, request_id if len(jobs) == 1 else f"{request_id}-{k}", ids, params,
+                                   adapter_id))
+    except BaseException:
+        for g in gens:
+            await g.close()
+        raise
+    return gens
+
+
+async def _collect(gen: Generation) -> RequestOutput:
+    last = None
+    while (out := await gen.next()) is not None:
+        last = out
+    return last
+
+
+def note_outputs(info: AuditInfo, outs: list[RequestOutput], include_content: bool) -> None:
+    info.completion_tokens = sum(o.num_generated_tokens for o in outs)
+    reasons = [c.finish_reason for o in outs for c in o.outputs]
+    info.finish_reason = reasons[0] if len(set(reasons)) == 1 else ",".join(str(r) for r in reasons)
+    if include_content:
+        texts = [c.text for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+        info.output = texts[0] if len(texts) == 1 else texts
+
+
+async def run_to_end(request: Request, gens: list[Generation]) -> list[RequestOutput] | Response:
+    """Every Generation's final output, or a 499 if the client left (its requests are aborted)."""
+    state = get_state(request)
+    info = audit_info(request.scope)
+    try:
+        outs = await until_disconnect(request, asyncio.gather(*(_collect(g) for g in gens)))
+    except ClientDisconnected:
+        info.disconnected, info.finish_reason = True, "disconnect"
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        for g in gens:
+            await g.close()
+    note_outputs(info, outs, state.config.audit_log_content)
+    return outs
+
+
+async def stream(request: Request, gen: Generation, render: Callable[[RequestOutput], list[dict]],
+                 closing: Callable[[RequestOutput], list[dict]], headers: dict[str, str],
+                 opening: list[dict] | None = None) -> Response:
+    """SSE of `gen`: waits for the first output first, so errors before any token are plain 4xx/5xx answers."""
+    state = get_state(request)
+    info = audit_info(request.scope)
+    try:
+        first = await until_disconnect(request, gen.next())
+    except ClientDisconnected:
+        info.disconnected, info.finish_reason = True, "disconnect"
+        await gen.close()
+        return Response(status_code=CLIENT_CLOSED)
+    except BaseException:
+        await gen.close()
+        raise
+
+    async def events() -> AsyncIterator[str]:
+        out, last = first, first
+        finished = False
+        try:
+            for chunk in opening or []:
+                yield sse(chunk)
+            while out is not None:
+                last = out
+                for chunk in render(out):
+                    yield sse(chunk)
+                out = await gen.next()
+            for chunk in closing(last):
+                yield sse(chunk)
+            finished = True
+            yield DONE
+        except MlcError as e:  # the engine failed mid-stream: say so in-band, as OpenAI does
+            finished = True
+            info.finish_reason = "error"
+            yield sse(error_body(e.message, e.error_type, e.field, e.error_type))
+            yield DONE
+        finally:
+            if last is not None and info.finish_reason != "error":
+                note_outputs(info, [last], state.config.audit_log_content)
+            if not finished and not gen.done:
+                info.disconnected, info.finish_reason = True, "disconnect"
+
+    return SSEResponse(events(), cleanup=gen.close, headers=headers)
+
+
+def json_response(model, headers: dict[str, str]) -> JSONResponse:
+    return JSONResponse(model.model_dump(mode="json"), headers=headers)
+

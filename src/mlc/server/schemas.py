@@ -1,0 +1,285 @@
+"""Request and response bodies. Limits live on the fields so /openapi.json says what the server accepts.
+
+Requests are strict (a number sent as a string is refused, not coerced) and forbid unknown fields, so a typo such
+as `max_token` is a 400 that names it instead of a silently ignored option.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_PROMPT_CHARS = 1_000_000
+MAX_SEED = 2**63 - 1
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+StopField = Annotated[
+    str | Annotated[list[str], Field(max_length=16)] | None,
+    Field(None, description="Stop string(s); generation ends before the first one, which is not returned."),
+]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 is greedy decoding.")]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Seed = Annotated[int | None, Field(None, ge=0, le=MAX_SEED, description="Same seed, same request: same output.")]
+ContextLength = Annotated[int | None, Field(
+    None, ge=1, description="mlc: bound prompt + completion to this many tokens (at most the server's limit).")]
+ContextProfile = Annotated[str | None, Field(
+    None, max_length=64, description="mlc: a named context limit configured on the server (e.g. qa, legal).")]
+
+
+# -- errors, usage ---------------------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class EngineExtensions(Strict):
+    """Sampling options beyond OpenAI's (vLLM names), plus the context bound."""
+
+    top_k: int = Field(0, ge=-1, description="mlc: keep the k most likely tokens; 0 or -1 is off.")
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    include_stop_str_in_output: bool = False
+    context_length: ContextLength
+    context_profile: ContextProfile
+
+
+# -- native API (/generate, the reference tutorial's) -------------------------------------------------------------
+class GenerateRequest(Strict):
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: the server's default_max_tokens.")
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: int = Field(0, ge=-1)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    stop: StopField
+    seed: Seed
+    stream: bool = Field(False, description="Send server-sent events: one per step, the last with usage.")
+    context_length: ContextLength
+    context_profile: ContextProfile
+
+
+class GenerateResponse(BaseModel):
+    id: str
+    text: str
+    tokens: list[int] = Field(description="Generated token ids.")
+    finish_reason: str = Field(description="stop, length, timeout (--request-timeout) or abort (server shutdown).")
+    usage: Usage
+    latency_ms: float
+    ttft_ms: float | None = None
+    stripped_chars: int = Field(0, description="Invisible characters removed from the prompt.")
+
+
+# -- OpenAI-compatible -----------------------------------------------------------------------------------------------
+class OpenAIRequest(EngineExtensions):
+    model: str | None = Field(None, description="The served model id (see /v1/models); default: that one.")
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    n: int = Field(1, ge=1, le=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: StopField
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    seed: Seed
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported; only null or {} is accepted.")
+    user: str | None = Field(None, max_length=256)
+
+
+class CompletionRequest(OpenAIRequest):
+    prompt: (
+        Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+        | Annotated[list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]], Field(min_length=1, max_length=64)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+                    Field(min_length=1, max_length=64)]
+    )
+    max_tokens: int | None = Field(None, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1, le=64, description="Only best_of == n is supported.")
+    suffix: str | None = Field(None, description="Not supported; only null is accepted.")
+
+
+class ContentPart(Strict):
+    type: str
+    text: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart] | None = None
+    name: str | None = Field(None, max_length=256)
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Any = None
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI; max_completion_tokens wins.")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = Field(None, description="Only {\"type\": \"text\"} for now.")
+    tools: list[Any] | None = Field(None, description="Not supported; only null or [] is accepted.")
+    tool_choice: Any = Field(None, description="Not supported; only null or \"none\" is accepted.")
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None = None
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = Field(None, description="stop, length, timeout or abort.")
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    stripped_chars: int = 0
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    stripped_chars: int = 0
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mlc"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# -- tokenize -----------------------------------------------------------------------------------------------------
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Give prompt or messages.")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    add_special_tokens: bool = Field(True, description="For prompt: add the tokenizer's BOS etc.")
+    add_generation_prompt: bool = Field(True, description="For messages: end with the assistant header.")
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    token_strs: list[str] | None = None
+    stripped_chars: int = 0
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+# -- health -------------------------------------------------------------------------------------------------------
+class HealthResponse(BaseModel):
+    status: Literal["loading", "healthy", "ready", "alive", "draining", "error"]
+    message: str | None = None

@@ -1,0 +1,189 @@
+"""What the server knows about itself: loading/healthy/draining, the engine once loaded, the requests in flight,
+and admission (503 while loading or draining, 429 past --max-queue waiting requests).
+
+The model loads in a background thread so the HTTP server answers /health (503 "loading") from the first second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mlc.config.serve_config import ServeConfig
+from mlc.errors import MlcError
+from mlc.server.audit import AuditLog
+from mlc.errors import RequestTooLargeError
+from mlc.server.errors import QueueFullError, ServiceUnavailableError
+from mlc.server.hooks import HookRunner, HooksConfig
+from mlc.server.input_policy import InputPolicy
+from mlc.server.metrics import ServerMetrics
+from mlc.server.token_text import TokenText
+
+if TYPE_CHECKING:
+    from mlc.engine.async_engine import AsyncEngine
+    from mlc.engine.llm_engine import EngineStats, LLMEngine
+    from mlc.server.generation import Generation
+
+log = logging.getLogger("mlc.server")
+
+LOADING, HEALTHY, DRAINING, ERROR = "loading", "healthy", "draining", "error"
+
+
+def default_engine_factory(config: ServeConfig) -> LLMEngine:
+    from mlc.engine.llm_engine import LLMEngine
+
+    return LLMEngine(config.engine)
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig, hooks: HooksConfig | None = None,
+                 engine_factory: Callable[[ServeConfig], Any] = default_engine_factory):
+        self.config = config
+        self.model_id = config.served_model_name or config.engine.model
+        self.status = LOADING
+        self.error: str | None = None
+        self.exit_code = 0
+        self.llm: LLMEngine | None = None
+        self.engine: AsyncEngine | None = None
+        self.token_text: TokenText | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.created = int(time.time())
+        self.metrics = ServerMetrics(self.model_id)
+        self.policy = InputPolicy(config.strict_input)
+        self.audit_log = AuditLog(config.audit_log, config.audit_log_content) if config.audit_log else None
+        self.hooks = HookRunner(hooks or HooksConfig())
+        self.active: set[Generation] = set()
+        self.on_fatal: Callable[[], None] | None = None  # set by the runner: stop the process
+        self._engine_factory = engine_factory
+        self._mean_latency = 1.0
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.hooks.start()
+        threading.Thread(target=self._load, name="mlc-load", daemon=True).start()
+
+    def _load(self) -> None:
+        t0 = time.monotonic()
+        log.info("loading %s", self.config.engine.model)
+        try:
+            llm = self._engine_factory(self.config)
+        except MlcError as e:
+            self._fail(e.message, e.exit_code)
+            return
+        except Exception as e:  # a bug or an unexpected library error: say so, and stop rather than hang at 503
+            log.exception("loading the model failed")
+            self._fail(f"{type(e).__name__}: {e}", 1)
+            return
+        log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
+                 time.monotonic() - t0, llm.max_seq_len, llm.block_manager.usable_pages)
+        self.loop.call_soon_threadsafe(self._ready, llm)
+
+    def _fail(self, message: str, exit_code: int) -> None:
+        log.error("cannot serve %s: %s", self.config.engine.model, message)
+        self.error, self.exit_code = message, exit_code or 1
+        self.status = ERROR
+        if self.on_fatal is not None:
+            self.loop.call_soon_threadsafe(self.on_fatal)
+
+    def _ready(self, llm: LLMEngine) -> None:
+        from mlc.engine.async_engine import AsyncEngine
+
+        self.llm = llm
+        self.token_text = TokenText(llm.tokenizer)
+        self.engine = AsyncEngine(llm)
+        self.engine.start(self.loop)
+        self.metrics.watch_engine(self.stats, self.waiting, llm.config.page_size)
+        if self.status == LOADING:
+            self.status = HEALTHY
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting; let in-flight requests finish for `grace_s`, then cancel the rest."""
+        self.status = DRAINING
+        log.info("shutting down: %d request(s) in flight, %.0fs grace", len(self.active), grace_s)
+        deadline = time.monotonic() + grace_s
+        while self.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.active:
+            log.warning("cancelling %d request(s) still running after %.0fs", len(self.active), grace_s)
+            for g in list(self.active):
+                g.stop("abort")
+            deadline = time.monotonic() + 5.0
+            while self.active and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.hooks.stop()
+        if self.audit_log is not None:
+            self.audit_log.close()
+
+    # -- admission ---------------------------------------------------------------------------------------------
+    def require_engine(self) -> None:
+        """503 unless the model is loaded and the server is not shutting down."""
+        if self.status == LOADING:
+            self.metrics.count_rejected("loading")
+            raise ServiceUnavailableError(
+                f"the model {self.model_id} is still loading; retry when GET /health answers 200", retry_after=2)
+        if self.status == DRAINING:
+            self.metrics.count_rejected("draining")
+            raise ServiceUnavailableError("the server is shutting down and takes no new requests")
+        if self.status == ERROR or self.engine is None or self.engine.error is not None:
+            self.metrics.count_rejected("error")
+            reason = self.error or (self.engine.error if self.engine else None) or "not ready"
+            raise ServiceUnavailableError(f"the engine is not available: {reason}")
+
+    def admit(self, weight: int = 1) -> None:
+        """Room for a request of `weight` sequences, or 429: at most max_batch_size + max_queue in flight."""
+        self.require_engine()
+        room = self.config.engine.max_batch_size + self.config.max_queue
+        if weight > room:
+            raise RequestTooLargeError(
+                f"n={weight} samples exceed what this server holds at once ({room}: --max-batch-size + "
+                "--max-queue); ask for fewer", field="n")
+        waiting = self.waiting() + weight
+        if waiting > self.config.max_queue:
+            self.metrics.count_rejected("queue_full")
+            retry = max(1, min(60, math.ceil(self._mean_latency * waiting / self.config.engine.max_batch_size)))
+            raise QueueFullError(
+                f"the server queue is full ({self.waiting()} requests waiting, --max-queue "
+                f"{self.config.max_queue}); retry after {retry}s", retry_after=retry)
+
+    def in_flight(self) -> int:
+        return sum(g.weight for g in self.active)
+
+    def waiting(self) -> int:
+        """Sequences in flight beyond what the running batch holds."""
+        return max(0, self.in_flight() - self.config.engine.max_batch_size)
+
+    def note_latency(self, seconds: float) -> None:
+        self._mean_latency = 0.8 * self._mean_latency + 0.2 * seconds
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def stats(self) -> EngineStats | None:
+        return self.llm.stats() if self.llm is not None else None
+
+    @staticmethod
+    def created_now() -> int:
+        return int(time.time())
+
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    def check_model(self, model: str | None) -> int:
+        """The adapter id a request's `model` selects: 0 for the base model, else a served LoRA adapter's."""
+        from mlc.errors import ModelNotFoundError
+
+        if model is None or model == self.model_id:
+            return 0
+        if model in self.llm.adapter_ids:
+            return self.llm.adapter_ids[model]
+        served = ", ".join([self.model_id, *self.llm.adapter_ids])
+        raise ModelNotFoundError(f"this server serves {served}, not {model!r}; see GET /v1/models", field="model")

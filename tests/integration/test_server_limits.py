@@ -1,0 +1,78 @@
+"""The server under a small queue and a short timeout: 429 under a flood, finish_reason "timeout", and a
+graceful SIGTERM (503 for new requests, in-flight ones cancelled after the grace period, exit code 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+from test_server_support import ServerProcess, metric, sse_events, wait_for
+
+TIMEOUT_S = 6
+LONG = {"prompt": "Write a very long story about the sea.", "max_tokens": 500, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("limits"),
+                        ["--max-batch-size", "1", "--max-queue", "1", "--request-timeout", str(TIMEOUT_S),
+                         "--shutdown-grace", "2"])
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.terminate()
+
+
+def test_flood_gets_429_with_retry_after(server):
+    async def flood():
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(*(c.post(server.url + "/generate", json={"prompt": f"Tell {i}",
+                                                                                 "max_new_tokens": 4})
+                                          for i in range(12)))
+
+    answers = asyncio.run(flood())
+    codes = sorted(r.status_code for r in answers)
+    assert codes.count(200) >= 2 and codes.count(429) >= 8 and set(codes) == {200, 429}
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["type"] == "queue_full" and "--max-queue" in refused.json()["error"]["message"]
+    assert metric(server.metrics(), "mlc:request_rejected_total", reason="queue_full") >= 8
+
+
+def test_timeout_ends_with_partial_text(server):
+    start = time.monotonic()
+    r = httpx.post(server.url + "/v1/completions", json=LONG, timeout=60)
+    assert TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 5
+    choice = r.json()["choices"][0]
+    assert r.status_code == 200 and choice["finish_reason"] == "timeout"
+    assert choice["text"] and 0 < r.json()["usage"]["completion_tokens"] < 500
+    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as s:
+        events = sse_events(s)
+    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "timeout"
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]).strip()
+
+
+def test_sigterm_drains_then_exits_cleanly(server):
+    result = {}
+
+    def long_request():
+        result["r"] = httpx.post(server.url + "/generate", json={"prompt": "Tell a long tale.", "max_new_tokens": 400},
+                                 timeout=60)
+
+    worker = threading.Thread(target=long_request)
+    worker.start()
+    assert wait_for(lambda: metric(server.metrics(), "mlc:num_requests_running") == 1, timeout=10)
+    server.proc.terminate()
+    assert wait_for(lambda: httpx.get(server.url + "/health").status_code == 503, timeout=5)
+    assert httpx.get(server.url + "/health").json() == {"status": "draining"}
+    refused = httpx.post(server.url + "/generate", json={"prompt": "new", "max_new_tokens": 2})
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    worker.join(30)
+    r = result["r"]
+    assert r.status_code == 200 and r.json()["finish_reason"] == "abort" and r.json()["text"]
+    assert server.proc.wait(30) == 0
+    assert "Traceback" not in server.log()
