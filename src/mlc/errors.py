@@ -52,6 +52,12 @@ class ContextLengthError(InvalidRequestError):
     error_type = "context_length_exceeded"
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """The request could never fit this server (more KV pages than it holds); retrying cannot help."""
+
+    error_type = "request_too_large"
+
+
 class CapacityError(MlcError):
     """Not enough memory or queue room; the caller may retry later or lower its ask."""
 

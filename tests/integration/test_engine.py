@@ -8,7 +8,7 @@ import torch
 
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
-from prompts import CHAT_PROMPTS, engine_chat_prompts
+from prompts import CHAT_PROMPTS, chat_prompts
 
 NEW = 32
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0.0)
@@ -30,7 +30,7 @@ def engine_like(base, **overrides) -> LLM:
 
 @pytest.fixture(scope="module")
 def prompts(base):
-    return [base.render_chat(m) for m in engine_chat_prompts(32)]
+    return [base.render_chat(m) for m in chat_prompts(32)]
 
 
 @pytest.fixture(scope="module")

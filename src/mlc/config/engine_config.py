@@ -53,6 +53,8 @@ class EngineConfig(BaseModel):
     enable_chunked_prefill: bool = True
     sparse_kv: SparseKVConfig | None = None
     seed: int = 0
+    lora_adapters: dict[str, str] = Field(default_factory=dict)  # served adapter name -> PEFT adapter dir
+    num_threads: int | None = Field(None, ge=1)  # CPU compute threads; None: torch's default (one per core)
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod

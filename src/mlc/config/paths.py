@@ -18,3 +18,8 @@ def models_dir() -> Path:
 def user_config_path() -> Path:
     """User-level settings such as hooks: `$MLC_CONFIG`, else `~/.mlc/config.yaml`."""
     return Path(os.environ.get("MLC_CONFIG") or Path.home() / ".mlc" / "config.yaml").expanduser()
+
+
+def package_data(name: str) -> Path:
+    """A file shipped in `mlc/data`."""
+    return Path(__file__).resolve().parent.parent / "data" / name

@@ -110,7 +110,9 @@ class AsyncEngine:
                 except MlcError as e:
                     self._deliver(rid, e)
             else:
-                self.engine.abort(cmd[1])
+                final = self.engine.abort(cmd[1])
+                if final is not None:
+                    self._deliver(cmd[1], final)  # a consumer still waiting sees the request end
 
     def _run(self) -> None:
         while not self._stopped.is_set():

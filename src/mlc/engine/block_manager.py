@@ -84,8 +84,8 @@ class BlockManager:
         At least the last page's worth of tokens is always recomputed, so a cached page is never written again.
         Returns the number of tokens served from the cache.
         """
-        if not self.enable_prefix_caching or seq.block_table:
-            return 0
+        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs:
+            return 0  # a prompt-logprobs request scores every token, so it computes them all
         tokens = seq.all_ids
         usable = (len(tokens) - 1) // self.page_size
         parent = None
@@ -139,6 +139,7 @@ class BlockManager:
         child.block_table = list(parent.block_table)
         child.page_hashes = list(parent.page_hashes)
         child.num_cached, child.num_cache_entries = parent.num_cached, parent.num_cache_entries
+        child.kv_positions = parent.kv_positions
 
     def register_full_pages(self, seq: Sequence) -> None:
         """Make this sequence's newly filled pages findable by later prompts with the same prefix."""
@@ -157,6 +158,27 @@ class BlockManager:
                 self.hash_to_page[h] = page
                 self.page_key[page] = (h, chunk)
 
+    # -- sparse KV (engine/sparse_kv.py) -------------------------------------------------------------------------
+    def num_shared_pages(self, seq: Sequence) -> int:
+        """Pages up to and including the last one another sequence also holds: these must not be rewritten."""
+        return max((i + 1 for i, page in enumerate(seq.block_table) if self.ref[page] > 1), default=0)
+
+    def unregister_from(self, seq: Sequence, first_page: int) -> None:
+        """The sequence's pages from `first_page` on are about to be rewritten: they leave the prefix cache."""
+        for page in seq.block_table[first_page:]:
+            self._forget(page)
+        del seq.page_hashes[first_page:]
+
+    def shrink(self, seq: Sequence, num_entries: int) -> int:
+        """After compaction the sequence holds `num_entries` entries: release the tail pages; returns how many."""
+        keep = self.pages_for(num_entries)
+        tail = seq.block_table[keep:]
+        for page in reversed(tail):
+            self._release(page)
+        del seq.block_table[keep:]
+        seq.num_cache_entries = num_entries
+        return len(tail)
+
     # -- release -----------------------------------------------------------------------------------------------
     def _release(self, page: int) -> None:
         self.ref[page] -= 1
@@ -172,3 +194,4 @@ class BlockManager:
         seq.block_table = []
         seq.page_hashes = []
         seq.num_cached = seq.num_cache_entries = 0
+        seq.kv_positions = None

@@ -1,10 +1,12 @@
-"""The KV cache: preallocated once, per layer and per cache tensor, in pages of `page_size` slots."""
-
 from __future__ import annotations
 
 import torch
 
-from mlc.layers.kv_store import LayerCache, PagedTensor
+from mlc.layers.kv_quant import new_paged_tensor
+from mlc.layers.kv_store import LayerCache
+
+KVDtype = torch.dtype | str
+"""A float dtype (stored as is), or "int8" / "int4" (quantized stores, `mlc.layers.kv_quant`)."""
 
 
 class KVCache:
@@ -13,22 +15,29 @@ class KVCache:
         spec: list[dict[str, tuple[int, ...]]],
         num_pages: int,
         page_size: int,
-        dtype: torch.dtype,
+        dtype: KVDtype,
         device: torch.device | str = "cpu",
     ):
-        self.spec, self.num_pages, self.page_size = spec, num_pages, page_size
+        self.spec, self.num_pages, self.page_size, self.dtype = spec, num_pages, page_size, dtype
         slots = num_pages * page_size
         self.layers: list[LayerCache] = [
-            {name: PagedTensor(slots, shape, dtype, device) for name, shape in layer.items()} for layer in spec
+            {name: new_paged_tensor(slots, shape, dtype, device) for name, shape in layer.items()} for layer in spec
         ]
         for layer in self.layers:  # page 0 is the null page padded gathers read
             for tensor in layer.values():
-                tensor.data[:page_size].zero_()
+                tensor.clear(slice(0, page_size))
 
     @staticmethod
-    def bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: torch.dtype) -> int:
-        size = torch.empty(0, dtype=dtype).element_size()
-        return sum(size * int(torch.Size(shape).numel()) for layer in spec for shape in layer.values())
+    def layer_bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: KVDtype) -> list[int]:
+        """Bytes one token costs in each layer, from the stores themselves (codes and scales counted)."""
+        return [
+            sum(new_paged_tensor(1, shape, dtype, "meta").bytes_per_token() for shape in layer.values())
+            for layer in spec
+        ]
+
+    @staticmethod
+    def bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: KVDtype) -> int:
+        return sum(KVCache.layer_bytes_per_token_for(spec, dtype))
 
     def bytes_per_token(self) -> int:
         return sum(t.bytes_per_token() for layer in self.layers for t in layer.values())

@@ -11,7 +11,7 @@ import torch
 from mlc.config.engine_config import EngineConfig
 from mlc.engine.block_manager import BlockManager
 from mlc.engine.detokenizer import IncrementalDetokenizer
-from mlc.engine.kv_cache import KVCache
+from mlc.engine.kv_cache import KVCache, KVDtype
 from mlc.engine.memory import CachePlan, plan_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -19,7 +19,16 @@ from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import Scheduler
 from mlc.engine.sequence import Sequence
-from mlc.errors import CapacityError, ConfigError, ContextLengthError, InvalidRequestError
+from mlc.engine.sparse_kv import SparseKV
+from mlc.errors import (
+    CapacityError,
+    ConfigError,
+    ContextLengthError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RequestTooLargeError,
+)
+from mlc.layers.lora import LoRAAdapter, attach_adapter
 
 log = logging.getLogger("mlc.engine")
 
@@ -68,10 +77,12 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 class LLMEngine:
     def __init__(self, config: EngineConfig | None = None, model=None, tokenizer=None, **overrides):
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
         if model is None:
             from mlc.models.loader import load_model
 
-            model = load_model(config.model, config.device, config.dtype)
+            model = load_model(config.model, config.device, config.dtype, config.weight_dtype)
         if tokenizer is None:
             from mlc.models.tokenizer import load_tokenizer
 
@@ -97,18 +108,46 @@ class LLMEngine:
             self.block_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill
         )
         self.runner = ModelRunner(model, self.kv_cache)
+        sparse = config.sparse_kv
+        self.sparse = SparseKV(sparse, self.block_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.requests: dict[str, Request] = {}
+        self.adapters: dict[str, LoRAAdapter] = {}
+        self.adapter_ids: dict[str, int] = {}
+        for name, path in config.lora_adapters.items():
+            self.add_lora(name, path)
         self._seq_request: dict[int, Request] = {}
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
-    def _cache_dtype(self, name: str) -> torch.dtype:
-        table = {"auto": self.model.dtype, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    def _cache_dtype(self, name: str) -> KVDtype:
+        table = {"auto": self.model.dtype, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                 "int8": "int8", "int4": "int4"}
         if name not in table:
-            raise ConfigError(f"kv_cache_dtype {name!r} is not available in this build; use auto, fp32, fp16 or bf16")
+            raise ConfigError(f"kv_cache_dtype {name!r} is unknown; use auto, fp32, fp16, bf16, int8 or int4")
         return table[name]
+
+    # -- adapters ----------------------------------------------------------------------------------------------
+    def add_lora(self, name: str, path: str) -> int:
+        """Serve a PEFT LoRA adapter under `name`; requests pick it with `adapter_id`. Returns that id."""
+        if not name or name == self.model_name:
+            raise ConfigError(f"LoRA adapter name {name!r} must be non-empty and differ from the base model's name")
+        if name in self.adapter_ids:
+            raise ConfigError(f"a LoRA adapter named {name!r} is already loaded")
+        adapter_id = len(self.adapter_ids) + 1
+        self.adapters[name] = attach_adapter(self.model, adapter_id, name, path)
+        self.adapter_ids[name] = adapter_id
+        return adapter_id
+
+    def adapter_id(self, name: str | None) -> int:
+        """0 for the base model (None or its own name), else the id of a loaded adapter."""
+        if name in (None, "", self.model_name):
+            return 0
+        if name not in self.adapter_ids:
+            known = ", ".join([self.model_name, *self.adapter_ids])
+            raise ModelNotFoundError(f"model {name!r} is not served here; available: {known}", field="model")
+        return self.adapter_ids[name]
 
     # -- requests ----------------------------------------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
@@ -122,6 +161,8 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self.validate(ids, params)
+        if adapter_id and adapter_id not in self.adapter_ids.values():
+            raise InvalidRequestError(f"adapter id {adapter_id} is not loaded", field="model")
         seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len)
         req = Request(request_id, ids, params, [seq], [self._detok(ids, params)], pending_forks=params.n - 1)
         req.emitted_tokens = [0]
@@ -149,11 +190,15 @@ class LLMEngine:
                 f"of {self.max_seq_len} tokens; {hint}",
                 field="max_new_tokens" if room > 0 else "prompt",
             )
-        need = self.block_manager.pages_for(len(ids) + params.max_new_tokens)
+        entries = len(ids) + params.max_new_tokens
+        if self.sparse is not None and not params.full_kv:
+            entries = self.sparse.policy.max_entries(entries, self.config.max_num_batched_tokens)
+        need = self.block_manager.pages_for(entries)
         if need > self.block_manager.usable_pages:
-            raise CapacityError(
+            raise RequestTooLargeError(
                 f"this request needs {need} KV pages but the cache holds {self.block_manager.usable_pages}; "
-                "raise --kv-cache-memory or shorten the request"
+                "raise --kv-cache-memory or shorten the request",
+                field="max_new_tokens",
             )
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -206,6 +251,8 @@ class LLMEngine:
                 sampled.append(seq)
                 sampled += self._fork(req, seq)
                 rows += [rows[-1]] * (len(sampled) - len(rows))
+        if self.sparse is not None:
+            self.sparse.compact(self.scheduler.running)
         if sampled:
             results = self.sampler(logits[torch.tensor(rows)], sampled)
             for seq, (token, logprob) in zip(sampled, results):

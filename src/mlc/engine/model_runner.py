@@ -8,6 +8,7 @@ from mlc.engine.block_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
 from mlc.layers.attention import build_attention_metadata
+from mlc.layers.lora import lora_rows
 
 
 class ModelRunner:
@@ -43,7 +44,8 @@ class ModelRunner:
         meta = build_attention_metadata(qlens, ctx, tables, self.kv_cache.page_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
+        with lora_rows(self._adapter_rows(scheduled, meta.query_start)):
+            hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
         for s, start in zip(scheduled, meta.query_start):
             if s.seq.params.prompt_logprobs:
                 self._score_prompt(s, hidden[start : start + s.num_tokens])
@@ -51,6 +53,18 @@ class ModelRunner:
         if not rows:
             return hidden.new_empty(0, 0)
         return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+
+    def _adapter_rows(self, scheduled: list[ScheduledSeq], starts: list[int]) -> dict:
+        """Flat rows of each adapter's tokens this step (a slice when they are contiguous)."""
+        rows: dict[int, list[int]] = {}
+        for s, start in zip(scheduled, starts):
+            if s.seq.adapter_id:
+                rows.setdefault(s.seq.adapter_id, []).extend(range(start, start + s.num_tokens))
+        out = {}
+        for adapter_id, idx in rows.items():
+            contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
+            out[adapter_id] = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)
+        return out
 
     def _score_prompt(self, s: ScheduledSeq, hidden: torch.Tensor) -> None:
         """Logprob of prompt token p+1 from the hidden state at p, for positions not scored before (recompute)."""

@@ -26,6 +26,7 @@ class SamplingParams:
     prompt_logprobs: bool = False  # logprob of every prompt token given the ones before it (scoring, perplexity)
     n: int = 1
     include_stop_str_in_output: bool = False
+    full_kv: bool = False  # keep this request's whole KV cache even when the engine runs sparse KV
 
     def __post_init__(self):
         if isinstance(self.stop, str):

@@ -43,6 +43,7 @@ class Sequence:
     page_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of the full pages computed so far
     num_cached: int = 0  # tokens whose KV is in the cache (cache entries == tokens; sparse KV may compact)
     num_cache_entries: int = 0  # entries this sequence holds in its pages (== num_cached without sparse KV)
+    kv_positions: torch.Tensor | None = None  # sparse KV: token position of each entry at the last compaction
     num_prefix_hit: int = 0  # prompt tokens served from the prefix cache at admission
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)

@@ -108,7 +108,9 @@ def _decode_group(ids, starts, context_lens, tables, page_size, device) -> Atten
     valid = torch.arange(longest, device=device)[None, :] < ctx[:, None]
     slots = slots.masked_fill(~valid, 0)  # padding reads slot 0 (the reserved null page), never unwritten memory
     mask = valid[:, None, None, :]
-    tokens = torch.tensor([starts[i] for i in ids], dtype=torch.long, device=device)
+    rows = [starts[i] for i in ids]
+    contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+    tokens = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
     return AttentionGroup("decode", tokens, len(ids), 1, list(ids), slots, mask)
 
 
@@ -130,11 +132,28 @@ def group_mask(g: AttentionGroup, device: torch.device | str) -> torch.Tensor:
 
 def _sdpa(q, k, v, mask, scale, causal):
     """q `[G, Q, H, D]`, k/v `[G, L, KV, D]` -> `[G, Q, H, Dv]`."""
+    groups = q.shape[2] // k.shape[2]
+    if q.shape[1] == 1 and groups > 1:
+        # one query per sequence: its heads sharing a kv head become that head's query rows, so no K/V copy
+        g, _, h, d = q.shape
+        out = F.scaled_dot_product_attention(
+            q.view(g, k.shape[2], groups, d), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
+        )
+        return out.reshape(g, 1, h, v.shape[-1])
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
+        attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=groups > 1,
     )
     return out.transpose(1, 2)
+
+
+def _group_attention(g: AttentionGroup, q, k, v, cache: LayerCache | None, scale: float) -> torch.Tensor:
+    qg = q[g.tokens].view(g.batch, g.query_len, *q.shape[1:])
+    if g.gather_slots is None:
+        return _sdpa(qg, k[g.tokens][None], v[g.tokens][None], None, scale, causal=g.query_len > 1)
+    kg = gather_context(g, cache["k"], k, q.dtype)
+    vg = gather_context(g, cache["v"], v, q.dtype)
+    return _sdpa(qg, kg, vg, g.mask, scale, causal=False)
 
 
 def paged_attention(
@@ -149,15 +168,10 @@ def paged_attention(
     if cache is not None and meta.slot_mapping is not None:
         cache["k"].write(meta.slot_mapping, k)
         cache["v"].write(meta.slot_mapping, v)
-    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    shape = (q.shape[0], q.shape[1], v.shape[-1])
+    if len(meta.groups) == 1 and meta.groups[0].batch * meta.groups[0].query_len == q.shape[0]:
+        return _group_attention(meta.groups[0], q, k, v, cache, scale).reshape(shape)
+    out = q.new_empty(shape)
     for g in meta.groups:
-        qg = q[g.tokens].view(g.batch, g.query_len, *q.shape[1:])
-        if g.gather_slots is None:
-            kg, vg = k[g.tokens][None], v[g.tokens][None]
-            og = _sdpa(qg, kg, vg, None, scale, causal=g.query_len > 1)
-        else:
-            kg = gather_context(g, cache["k"], k, q.dtype)
-            vg = gather_context(g, cache["v"], v, q.dtype)
-            og = _sdpa(qg, kg, vg, g.mask, scale, causal=False)
-        out[g.tokens] = og.reshape(-1, *out.shape[1:])
+        out[g.tokens] = _group_attention(g, q, k, v, cache, scale).reshape(-1, *shape[1:])
     return out

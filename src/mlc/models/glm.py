@@ -10,8 +10,8 @@ from mlc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 class GlmAttention(LlamaAttention):
     o_proj_bias = False
 
-    def rotate(self, q, k, cos, sin):
-        return apply_rope_interleaved(q, cos, sin), apply_rope_interleaved(k, cos, sin)
+    def rotate(self, qk, cos, sin):
+        return apply_rope_interleaved(qk, cos, sin)
 
 
 class GlmDecoderLayer(LlamaDecoderLayer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 
 from mlc.layers.mlp import GatedMLP
@@ -27,10 +28,11 @@ class Glm4MoeAttention(LlamaAttention):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def rotate(self, q, k, cos, sin):
+    def rotate(self, qk, cos, sin):
         if self.use_qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+            h = self.num_heads
+            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+        return apply_rope_neox(qk, cos, sin)
 
 
 class Glm4MoeDecoderLayer(LlamaDecoderLayer):

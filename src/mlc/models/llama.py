@@ -55,17 +55,18 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim**-0.5
 
     def forward(self, x, cos, sin, cache: LayerCache | None, meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = q.view(t, self.num_heads, self.head_dim)
-        q, k = self.rotate(q, k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        o = paged_attention(q, k, v, cache, meta, self.scale)
+        t, h, d = x.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv_proj(x)
+        split = (h + self.num_kv_heads) * d
+        # q and k are adjacent in the fused output, so one rotary call covers both
+        qk = self.rotate(qkv[:, :split].view(t, h + self.num_kv_heads, d), cos, sin)
+        v = qkv[:, split:].view(t, self.num_kv_heads, d)
+        o = paged_attention(qk[:, :h], qk[:, h:], v, cache, meta, self.scale)
         return self.o_proj(o.reshape(t, -1))
 
-    def rotate(self, q, k, cos, sin):
-        """Positions into q `[T, H, D]` and k `[T, KV, D]`; subclasses change the convention or norm heads first."""
-        return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+    def rotate(self, qk, cos, sin):
+        """Positions into the query and key heads `[T, H + KV, D]`; subclasses change the convention or norm first."""
+        return apply_rope_neox(qk, cos, sin)
 
 
 class LlamaDecoderLayer(nn.Module):
