@@ -26,13 +26,16 @@ def parse_size(text: str | int | float) -> int:
 
 
 class SparseKVConfig(BaseModel):
-    """Past `min_context` cached tokens, keep the last `window` whole and `ratio` of the older ones (plus sinks)."""
+    """Past `min_context` cached tokens, keep the last `window` whole and `ratio` of the older ones (plus sinks).
+
+    The policy and its guarantees are in `mlc/engine/sparse_kv.py`; a request opts out with
+    `SamplingParams(full_kv=True)`. A ratio below 0.2 is allowed and logged as a warning."""
 
     model_config = ConfigDict(extra="forbid")
-    window: int = Field(4096, ge=16)
-    ratio: float = Field(0.25, gt=0.0, le=1.0)
-    min_context: int = Field(8192, ge=0)
-    sink_tokens: int = Field(4, ge=0)
+    window: int = Field(4096, ge=16)  # most recent tokens, always kept whole
+    ratio: float = Field(0.25, gt=0.0, le=1.0)  # fraction of the older tokens kept (strided); 1 turns it off
+    min_context: int = Field(8192, ge=0)  # sequences up to this many tokens are never thinned
+    sink_tokens: int = Field(4, ge=0)  # first tokens, always kept (attention sinks)
 
 
 class EngineConfig(BaseModel):

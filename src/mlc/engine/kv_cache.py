@@ -8,6 +8,17 @@ from mlc.layers.kv_store import LayerCache
 KVDtype = torch.dtype | str
 """A float dtype (stored as is), or "int8" / "int4" (quantized stores, `mlc.layers.kv_quant`)."""
 
+KV_DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": "int8", "int4": "int4"}
+
+
+def kv_dtype(name: str, model_dtype: torch.dtype) -> KVDtype:
+    """The store dtype for a `kv_cache_dtype` setting ("auto": the model's compute dtype)."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_DTYPE_NAMES:
+        raise ValueError(f"kv_cache_dtype {name!r} is unknown; use auto, {', '.join(KV_DTYPE_NAMES)}")
+    return KV_DTYPE_NAMES[name]
+
 
 class KVCache:
     def __init__(

@@ -11,7 +11,7 @@ import torch
 from mlc.config.engine_config import EngineConfig
 from mlc.engine.block_manager import BlockManager
 from mlc.engine.detokenizer import IncrementalDetokenizer
-from mlc.engine.kv_cache import KVCache, KVDtype
+from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
 from mlc.engine.memory import CachePlan, plan_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -122,11 +122,10 @@ class LLMEngine:
         self.generation_tokens = 0
 
     def _cache_dtype(self, name: str) -> KVDtype:
-        table = {"auto": self.model.dtype, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
-                 "int8": "int8", "int4": "int4"}
-        if name not in table:
-            raise ConfigError(f"kv_cache_dtype {name!r} is unknown; use auto, fp32, fp16, bf16, int8 or int4")
-        return table[name]
+        try:
+            return kv_dtype(name, self.model.dtype)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     # -- adapters ----------------------------------------------------------------------------------------------
     def add_lora(self, name: str, path: str) -> int:

@@ -12,9 +12,11 @@ are left alone: compaction starts after the last shared page. Copying them first
 compacted copy, which for n samples can cost more than the one shared full copy. A page only this sequence holds
 but the prefix cache knows is dropped from the prefix cache before it is rewritten (`BlockManager.unregister_from`).
 
-Compaction runs between steps, and only when it frees at least `min_free_pages` pages, so the window is moved once
-per that many pages rather than every token. A preempted sequence loses its pages and is recomputed from its
-tokens like any other (compaction then re-applies as its chunks come in).
+Compaction runs between steps, and only when it drops at least `min_free_pages` pages' worth of entries (window /
+8 pages, at least 1), so the window is moved once per that many pages rather than every token. A preempted
+sequence loses its pages and is recomputed from its tokens like any other (compaction re-applies as its chunks
+come in). Prefix-cache pages registered by a sparse sequence were all computed before its first compaction, and a
+compacted sequence registers none, so a later request never inherits KV computed over thinned context.
 """
 
 from __future__ import annotations
