@@ -41,3 +41,36 @@ def chat_prompts(n: int = 32) -> list[list[dict]]:
     short = [[{"role": "user", "content": f"Tell me three facts about {t}."}] for t in TOPICS]
     pool = CHAT_PROMPTS + long + short
     return [pool[i % len(pool)] for i in range(n)]
+
+
+def read_prompt_rows(path: Path | str, what: str = "prompts file") -> list[dict]:
+    """JSONL rows, each with a "prompt" string or a "messages" list (other keys are kept for the caller)."""
+    import json
+
+    from mlc.errors import DataError
+
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{what} {path}: cannot read ({e})") from None
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not JSON ({e.msg}); each line must be one JSON object") from None
+        ok = isinstance(row, dict) and (
+            isinstance(row.get("prompt"), str) or isinstance(row.get("messages"), list))
+        if not ok:
+            raise DataError(f'{path}:{n}: each line needs a "prompt" string or a "messages" list')
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path} has no prompts")
+    return rows
+
+
+def as_conversation(row: dict) -> list[dict]:
+    return row["messages"] if "messages" in row else [{"role": "user", "content": row["prompt"]}]

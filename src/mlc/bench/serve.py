@@ -12,12 +12,12 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
 from mlc.bench.stats import Summary, summarize
-from mlc.errors import DataError, InvalidRequestError
+from mlc.bench.prompts import as_conversation, read_prompt_rows
+from mlc.errors import InvalidRequestError
 
 BUILTIN_PROMPTS = [
     "Explain what a KV cache is in two sentences.",
@@ -120,28 +120,7 @@ def load_prompts(dataset: str) -> list[list[dict]]:
     """Conversations to send: the built-in prompts, or a JSONL file of {"prompt": ...} or {"messages": [...]}."""
     if dataset == "builtin":
         return [[{"role": "user", "content": p}] for p in BUILTIN_PROMPTS]
-    path = Path(dataset)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"--dataset {path}: cannot read ({e}); give 'builtin' or a JSONL file") from None
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if isinstance(row, dict) and isinstance(row.get("messages"), list):
-            out.append(row["messages"])
-        elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
-            out.append([{"role": "user", "content": row["prompt"]}])
-        else:
-            raise DataError(f'{path}:{n}: each line needs a "prompt" string or a "messages" list')
-    if not out:
-        raise DataError(f"{path} has no prompts")
-    return out
+    return [as_conversation(row) for row in read_prompt_rows(dataset, "--dataset")]
 
 
 async def discover_model(client: httpx.AsyncClient, url: str) -> str:

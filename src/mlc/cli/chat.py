@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = None,
         device: common.DeviceOpt = "cpu",
         dtype: common.DtypeOpt = "auto",
+        weight_dtype: common.WeightDtypeOpt = None,
         kv_cache_dtype: common.KVDtypeOpt = None,
         kv_cache_memory: common.KVMemOpt = None,
         max_seq_len: common.SeqLenOpt = None,
@@ -35,6 +36,7 @@ def register(app: typer.Typer) -> None:
         from mlc.errors import MlcError
 
         cfg = common.engine_config(config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                   weight_dtype=weight_dtype,
                                    kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len)
         with console.status(f"loading {cfg.model}"):
             llm = LLM(config=cfg)

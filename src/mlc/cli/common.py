@@ -13,6 +13,8 @@ from mlc.errors import ConfigError
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Store name, HF checkpoint dir or .gguf file.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, npu or auto.")]
 DtypeOpt = Annotated[str, typer.Option(help="Compute dtype: auto (fp32 on CPU), fp32, fp16, bf16.")]
+WeightDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--weight-dtype", help="auto, fp16, bf16 (storage), int8 (W8A8/W8A16 mixed), int4 (W4A16, groups of 32).")]
 KVDtypeOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="auto, fp32, fp16, bf16, int8, int4.")]
 KVMemOpt = Annotated[Optional[str], typer.Option("--kv-cache-memory", help="KV cache budget, e.g. 512MiB or 4GiB.")]
 PageSizeOpt = Annotated[Optional[int], typer.Option("--page-size", help="Tokens per KV page (default 16).")]

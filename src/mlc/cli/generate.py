@@ -10,32 +10,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from mlc.bench.prompts import read_prompt_rows
 from mlc.cli import common
 from mlc.errors import InvalidRequestError
 
 console = Console()
-
-
-def read_prompts_file(path: Path) -> list[dict]:
-    """Each line: {"prompt": "..."} or {"messages": [...]}, optional per-line "max_new_tokens"/"temperature"/"id"."""
-    rows = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidRequestError(f"{path}: cannot read ({e})") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InvalidRequestError(f"{path}:{n}: not JSON ({e.msg}); each line must be one JSON object") from None
-        if not isinstance(row, dict) or not ({"prompt", "messages"} & row.keys()):
-            raise InvalidRequestError(f'{path}:{n}: needs a "prompt" string or a "messages" list')
-        rows.append(row)
-    if not rows:
-        raise InvalidRequestError(f"{path} has no prompts")
-    return rows
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +33,7 @@ def register(app: typer.Typer) -> None:
         stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
         device: common.DeviceOpt = "cpu",
         dtype: common.DtypeOpt = "auto",
+        weight_dtype: common.WeightDtypeOpt = None,
         kv_cache_dtype: common.KVDtypeOpt = None,
         kv_cache_memory: common.KVMemOpt = None,
         max_batch_size: common.BatchOpt = None,
@@ -66,9 +46,9 @@ def register(app: typer.Typer) -> None:
 
         if (prompt is None) == (prompts_file is None):
             raise InvalidRequestError("give exactly one of --prompt or --prompts-file")
-        rows = read_prompts_file(prompts_file) if prompts_file else [{"prompt": prompt, "chat": chat}]
+        rows = read_prompt_rows(prompts_file) if prompts_file else [{"prompt": prompt, "chat": chat}]
         cfg = common.engine_config(
-            config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+            config, model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
         )
         llm = LLM(config=cfg)

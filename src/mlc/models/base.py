@@ -57,7 +57,9 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head.weight).float()
+        if isinstance(self.lm_head, Embedding):  # tied: the embedding matrix is the head
+            return F.linear(hidden, self.lm_head.weight).float()
+        return self.lm_head(hidden).float()  # a Linear, or its quantized stand-in
 
     def kv_cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
         """Per layer: cache tensor name -> per-token shape."""
@@ -65,11 +67,11 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device  # not lm_head: quantize_model may replace it
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
     # -- dense path (no cache): tests and training-free scoring ---------------------------------------------------
     @torch.inference_mode()

@@ -84,8 +84,10 @@ def build_model(hf_config, device: torch.device, dtype: torch.dtype) -> CausalLM
     return model.eval()
 
 
-def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None) -> CausalLM:
-    """Resolve a store name, checkpoint dir or .gguf file, build its architecture and load its weights."""
+def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
+               weight_dtype: str = "auto") -> CausalLM:
+    """Resolve a store name, checkpoint dir or .gguf file, build its architecture and load its weights
+    (then quantize them to `weight_dtype`, see mlc.layers.quant)."""
     from mlc.models.store import resolve_model_dir
 
     model_dir = resolve_model_dir(model)
@@ -95,5 +97,9 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     net = build_model(cfg, dev, dt)
     with torch.no_grad():
         net.load_weights(iter_safetensors(safetensors_files(model_dir)))
+    if weight_dtype != "auto":
+        from mlc.layers.quant import quantize_model
+
+        net.quant_report = quantize_model(net, weight_dtype)
     net.model_dir = model_dir
     return net

@@ -1,0 +1,134 @@
+"""Quantized weight formats, their pure-torch dequantization, and probes for the CPU kernels that use them.
+
+int8: symmetric per output channel, `w ~= q * scale[n]`, q in [-127, 127].
+int4: asymmetric per group of `g` input columns, `w ~= (q - 8) * scale + zero`, q in [0, 15] (the layout torch's
+tinygemm CPU kernel takes: `scale_zeros [K/g, N, 2]`, bf16). Stored two values a byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import torch
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` accepts
+INT4_SCALE_DTYPE = torch.bfloat16  # the CPU kernel requires scales in the activation dtype, and it runs in bf16
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N, K]` float -> (int8 `[N, K]`, fp32 scale `[N]`)."""
+    w = w.float()
+    lo, hi = torch.aminmax(w, dim=1)
+    scale = (torch.maximum(-lo, hi) / 127).clamp(min=1e-12)
+    q = (w / scale[:, None]).round_().clamp_(-127, 127)  # in place: loading a model quantizes every weight once
+    return q.to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.to(torch.float32) * scale[:, None]).to(dtype)
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N, K]` float -> (int32 values 0..15 `[N, K]`, scale_zeros `[K/g, N, 2]` in INT4_SCALE_DTYPE).
+
+    Scales and zeros are rounded to bf16 before the weights are rounded against them, so that rounding is not
+    added to the quantization error."""
+    n, k = w.shape
+    grouped = w.float().reshape(n, k // group, group)
+    lo, hi = grouped.amin(dim=-1), grouped.amax(dim=-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(INT4_SCALE_DTYPE).float()
+    zero = (lo + 8 * scale).to(INT4_SCALE_DTYPE).float()
+    q = ((grouped - zero[..., None]) / scale[..., None]).add_(8).round_().clamp_(0, 15).to(torch.int32)
+    scale_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(INT4_SCALE_DTYPE)
+    return q.reshape(n, k), scale_zeros
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int values 0..15 `[N, K]` -> uint8 `[N, K/2]`, even columns in the low nibble."""
+    q = q.to(torch.uint8)
+    return (q[:, 1::2] << 4) | q[:, 0::2]
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 `[N, K/2]` -> uint8 values `[N, K]`."""
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize_int4(packed: torch.Tensor, scale_zeros: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    q = unpack_int4(packed).float()
+    n, k = q.shape
+    scale = scale_zeros[..., 0].t().float()[:, :, None]  # [N, K/g, 1]
+    zero = scale_zeros[..., 1].t().float()[:, :, None]
+    return ((q.reshape(n, k // group, group) - 8) * scale + zero).reshape(n, k).to(dtype)
+
+
+# -- CPU kernels: each probe runs the op once on a tiny input, so a build without it (or a torch that dropped it)
+# -- falls back to the reference path instead of failing mid-request ----------------------------------------------
+
+def _works(fn) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn()
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+@functools.cache
+def has_fbgemm_int8() -> bool:
+    """quantized::linear_dynamic: int8 weights, activations quantized per call (per tensor, uint8), fp32 out."""
+    return _works(lambda: torch.ops.quantized.linear_dynamic(torch.ones(1, 16), prepack_int8(*quantize_int8(
+        torch.ones(16, 16))), False))
+
+
+@functools.cache
+def has_int8pack() -> bool:
+    """aten._weight_int8pack_mm: int8 weights, bf16 activations (W8A16)."""
+    return _works(lambda: torch.ops.aten._weight_int8pack_mm(
+        torch.ones(1, 16, dtype=torch.bfloat16), torch.ones(16, 16, dtype=torch.int8),
+        torch.ones(16, dtype=torch.bfloat16)))
+
+
+@functools.cache
+def has_int4pack() -> bool:
+    """aten._weight_int4pack_mm_for_cpu: group-wise int4 weights, bf16 activations (W4A16)."""
+    return _works(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
+        torch.ones(1, 32, dtype=torch.bfloat16), prepack_int4(torch.zeros(16, 32, dtype=torch.int32)), 32,
+        torch.ones(1, 16, 2, dtype=torch.bfloat16)))
+
+
+@functools.cache
+def has_fbgemm_fp16() -> bool:
+    """quantized::linear_dynamic_fp16: fp16 weights, fp32 activations and accumulation."""
+    return _works(lambda: torch.ops.quantized.linear_dynamic_fp16(
+        torch.ones(1, 16), torch.ops.quantized.linear_prepack_fp16(torch.ones(16, 16), None)))
+
+
+@functools.cache
+def cpu_has_vnni() -> bool:
+    """Without VNNI, fbgemm's u8*s8 pairs can saturate int16, so activations must use 7 bits (reduce_range)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+
+
+def prepack_int8(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+    """fbgemm's packed weight (an opaque object) from int8 `[N, K]` and per-channel scales."""
+    zeros = torch.zeros(q.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that quantized tensors are deprecated; this is their last use
+        qt = torch._make_per_channel_quantized_tensor(q.cpu(), scale.double().cpu(), zeros, 0)
+        return torch.ops.quantized.linear_prepack(qt, None if bias is None else bias.float().cpu())
+
+
+def prepack_int4(q: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).cpu(), 2)
+
+
+def int4pack_fits(out_features: int, in_features: int, group: int) -> bool:
+    return out_features % 16 == 0 and in_features % group == 0 and group in INT4_GROUP_SIZES

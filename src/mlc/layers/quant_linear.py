@@ -1,0 +1,190 @@
+"""Quantized stand-ins for `Linear` / `MergedLinear`, built from a loaded float weight (checkpoints load in float,
+then `mlc.layers.quant.quantize_model` swaps the layers).
+
+Each layer picks a CPU kernel when torch has it and the shape fits, else a pure-torch reference path that
+dequantizes the weight per call (CUDA, NPU, odd shapes); `kernel` says which one runs. Error bounds, relative to
+the float layer's output norm, asserted by tests/unit/test_quant.py: int8 W8A16 < 1%, int8 W8A8 < 2.5%,
+int4 g32 < 12%, fp16 < 0.1%, bf16 < 1%.
+
+The CPU kernels' packed weights are opaque and stay on the CPU: quantize on the device the model will run on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlc.errors import ModelFormatError
+from mlc.layers import quant_kernels as qk
+
+
+class QuantizedLinear(nn.Module):
+    """What every quantized layer shares with Linear/MergedLinear: shapes, a float bias, `split` of merged rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, shard_sizes: list[int] | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.shard_sizes = list(shard_sizes or [self.out_features])
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.kernel = "reference"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # the models' flat [tokens, hidden]: skip two reshapes per layer per step
+            return self.matmul(x)
+        y = self.matmul(x.reshape(-1, self.in_features))
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight `[N, K]` this layer multiplies by (what the reference path computes with)."""
+        raise NotImplementedError
+
+    def weight_bytes(self) -> int:
+        """Bytes of weight storage, scales and bias included (packed kernel layouts counted by their payload)."""
+        raise NotImplementedError
+
+    def _bias_bytes(self) -> int:
+        return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+
+    def _bias_like(self, y: torch.Tensor) -> torch.Tensor | None:
+        return None if self.bias is None else self.bias.to(y.dtype)
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def split(self, y: torch.Tensor) -> list[torch.Tensor]:
+        return list(y.split(self.shard_sizes, dim=-1))
+
+    def load_shard(self, shard: int, name: str, tensor: torch.Tensor, is_bias: bool) -> None:
+        raise ModelFormatError(f"{name}: this layer is already quantized; load all weights first, then quantize")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+class Int8Linear(QuantizedLinear):
+    """int8 weights, one symmetric scale per output row. `scheme` says what meets them on the CPU:
+
+    w8a8: fbgemm's dynamic linear quantizes the activations to uint8 per token, int32 accumulation. The fastest
+    path here (quantize_model's "mixed" uses it except where inputs carry outlier channels).
+    w8a16: activations rounded to bf16, weights widened in the kernel (aten._weight_int8pack_mm).
+    Off the CPU both run the reference path, which is W8A16 in the activation dtype.
+    """
+
+    def __init__(self, weight, bias=None, shard_sizes=None, scheme: str = "w8a8", use_kernels: bool = True):
+        super().__init__(weight, bias, shard_sizes)
+        q, scale = qk.quantize_int8(weight)
+        self.scheme = scheme
+        self._packed = None
+        on_cpu = use_kernels and weight.device.type == "cpu"
+        if on_cpu and scheme == "w8a8" and qk.has_fbgemm_int8():
+            self._packed = qk.prepack_int8(q, scale)
+            self.reduce_range = not qk.cpu_has_vnni()
+            self.kernel = "fbgemm-w8a8"
+            return
+        self.register_buffer("qweight", q)
+        if on_cpu and scheme == "w8a16" and qk.has_int8pack():
+            self.register_buffer("scale", scale.to(torch.bfloat16))
+            self.kernel = "int8pack-w8a16"
+        else:
+            self.register_buffer("scale", scale)
+
+    def matmul(self, x):
+        if self.kernel == "fbgemm-w8a8":
+            return self._add_bias(self._dynamic_per_token(x.float()).to(x.dtype))
+        if self.kernel == "int8pack-w8a16":
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight, self.scale)
+            return self._add_bias(y.to(x.dtype))
+        return F.linear(x, qk.dequantize_int8(self.qweight, self.scale, x.dtype), self._bias_like(x))
+
+    def _dynamic_per_token(self, x: torch.Tensor) -> torch.Tensor:
+        """fbgemm quantizes its whole input with one scale; a prompt's few huge-activation tokens (the first one,
+        delimiters) would leave the rest a handful of levels, so rows are brought to a common range first and
+        scaled back after, which makes the scale per token (the layer is linear in each row)."""
+        if x.shape[0] == 1:
+            return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, self.reduce_range)
+        amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
+        return torch.ops.quantized.linear_dynamic((x / amax).contiguous(), self._packed, self.reduce_range) * amax
+
+    def dequantized(self, dtype=torch.float32):
+        if self._packed is not None:
+            return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize().to(dtype)
+        return qk.dequantize_int8(self.qweight, self.scale.float(), dtype)
+
+    def weight_bytes(self):
+        scale_bytes = 4 if self._packed is not None else self.scale.element_size()
+        return self.out_features * (self.in_features + scale_bytes) + self._bias_bytes()
+
+
+class Int4Linear(QuantizedLinear):
+    """Group-wise int4 (W4A16): a bf16 scale and zero per `group_size` inputs of a row; the CPU kernel
+    (aten._weight_int4pack_mm_for_cpu, needs out_features % 16 == 0) takes bf16 activations."""
+
+    def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True):
+        super().__init__(weight, bias, shard_sizes)
+        self.group_size = group_size
+        q, scale_zeros = qk.quantize_int4(weight, group_size)
+        self.register_buffer("scale_zeros", scale_zeros)
+        fits = qk.int4pack_fits(self.out_features, self.in_features, group_size)
+        if use_kernels and weight.device.type == "cpu" and fits and qk.has_int4pack():
+            self.register_buffer("qweight", qk.prepack_int4(q))
+            self.kernel = "int4pack-w4a16"
+        else:
+            self.register_buffer("qweight", qk.pack_int4(q))
+
+    def matmul(self, x):
+        if self.kernel == "int4pack-w4a16":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scale_zeros)
+            return self._add_bias(y.to(x.dtype))
+        w = qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, x.dtype)
+        return F.linear(x, w, self._bias_like(x))
+
+    def dequantized(self, dtype=torch.float32):
+        if self.kernel == "int4pack-w4a16":  # the kernel's layout is its own; multiply the identity to read it back
+            eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size, self.scale_zeros)
+            return w.t().to(dtype)
+        return qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, dtype)
+
+    def weight_bytes(self):
+        return self.out_features * self.in_features // 2 + self.scale_zeros.numel() * 2 + self._bias_bytes()
+
+
+class HalfLinear(QuantizedLinear):
+    """fp16 or bf16 weight storage under fp32 (or any wider) compute. CPU: fp16 runs fbgemm's fp16-weight GEMM
+    with fp32 activations; bf16 runs a bf16 GEMM (activations rounded to bf16, fp32 accumulation)."""
+
+    def __init__(self, weight, bias=None, shard_sizes=None, dtype: torch.dtype = torch.float16,
+                 use_kernels: bool = True):
+        super().__init__(weight, bias, shard_sizes)
+        self.storage_dtype = dtype
+        self._packed = None
+        on_cpu = use_kernels and weight.device.type == "cpu"
+        if on_cpu and dtype == torch.float16 and qk.has_fbgemm_fp16():
+            bias32 = None if self.bias is None else self.bias.float()
+            self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), bias32)
+            self.kernel = "fbgemm-fp16"
+            return
+        self.register_buffer("weight_half", weight.detach().to(dtype).contiguous())
+        if on_cpu and dtype == torch.bfloat16:
+            self.kernel = "bf16-gemm"
+
+    def matmul(self, x):
+        if self.kernel == "fbgemm-fp16":
+            return torch.ops.quantized.linear_dynamic_fp16(x.float().contiguous(), self._packed).to(x.dtype)
+        if self.kernel == "bf16-gemm":
+            xb = x.to(torch.bfloat16)
+            return F.linear(xb, self.weight_half, self._bias_like(xb)).to(x.dtype)
+        return F.linear(x, self.weight_half.to(x.dtype), self._bias_like(x))
+
+    def dequantized(self, dtype=torch.float32):
+        if self._packed is not None:
+            return torch.ops.quantized.linear_unpack_fp16(self._packed)[0].to(dtype)
+        return self.weight_half.to(dtype)
+
+    def weight_bytes(self):
+        return self.out_features * self.in_features * 2 + self._bias_bytes()
