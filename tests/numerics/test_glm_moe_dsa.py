@@ -169,7 +169,8 @@ def test_decode_gathers_only_the_selected_latent_slots(pair, monkeypatch):
 
         monkeypatch.setattr(layer["latent"], "gather", spy)
     runner.step({0: seqs[0][-1:], 1: seqs[1][-1:]})
-    assert gathered == [(2, 4)] * 3  # 2 decoding sequences x index_topk slots, on every layer
+    # contexts 3 and 12 decode in separate length groups; each gathers at most index_topk (4) latent slots
+    assert sorted(gathered) == sorted([(1, 3), (1, 4)] * 3)
 
 
 def test_bf16_keeps_indexer_head_weights_fp32(pair):

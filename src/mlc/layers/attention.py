@@ -95,9 +95,23 @@ def build_attention_metadata(
             query_idx = torch.arange(c - q, c, device=device)
             mask = (key_idx[None, :] <= query_idx[:, None])[None, None]
             meta.groups.append(AttentionGroup("chunk", slice(starts[i], starts[i] + q), 1, q, [i], slots, mask))
-    if decode:
-        meta.groups.append(_decode_group(decode, starts, context_lens, tables, page_size, device))
+    for bucket in _length_buckets(decode, context_lens):
+        meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device))
     return meta
+
+
+def _length_buckets(ids: list[int], context_lens: list[int], spread: float = 2.0) -> list[list[int]]:
+    """Decode sequences grouped by context length so that padding to a group's longest stays under `spread`x:
+    one long document no longer makes every short chat in the batch gather and attend over its length."""
+    buckets: list[list[int]] = []
+    for i in sorted(ids, key=lambda i: context_lens[i]):
+        if buckets and context_lens[i] <= spread * context_lens[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    for b in buckets:
+        b.sort()  # batch order inside a group keeps the token rows contiguous where they were
+    return buckets
 
 
 def _decode_group(ids, starts, context_lens, tables, page_size, device) -> AttentionGroup:
