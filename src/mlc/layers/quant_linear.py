@@ -74,12 +74,15 @@ class Int8Linear(QuantizedLinear):
     Off the CPU both run the reference path, which is W8A16 in the activation dtype.
     """
 
-    def __init__(self, weight, bias=None, shard_sizes=None, scheme: str = "w8a8", use_kernels: bool = True):
+    def __init__(self, weight, bias=None, shard_sizes=None, scheme: str = "w8a8", use_kernels: bool = True,
+                 codes: dict[str, torch.Tensor] | None = None):
+        """`codes` ({"qweight", "scale"} as `export_codes` wrote them) skip quantizing; `weight` then only gives
+        the shape (a meta tensor will do)."""
         super().__init__(weight, bias, shard_sizes)
-        q, scale = qk.quantize_int8(weight)
+        q, scale = (codes["qweight"], codes["scale"].float()) if codes else qk.quantize_int8(weight)
         self.scheme = scheme
         self._packed = None
-        on_cpu = use_kernels and weight.device.type == "cpu"
+        on_cpu = use_kernels and q.device.type == "cpu"
         if on_cpu and scheme == "w8a8" and qk.has_fbgemm_int8():
             self._packed = qk.prepack_int8(q, scale)
             self.reduce_range = not qk.cpu_has_vnni()
@@ -123,13 +126,17 @@ class Int4Linear(QuantizedLinear):
     """Group-wise int4 (W4A16): a bf16 scale and zero per `group_size` inputs of a row; the CPU kernel
     (aten._weight_int4pack_mm_for_cpu, needs out_features % 16 == 0) takes bf16 activations."""
 
-    def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True):
+    def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True,
+                 codes: dict[str, torch.Tensor] | None = None):
         super().__init__(weight, bias, shard_sizes)
         self.group_size = group_size
-        q, scale_zeros = qk.quantize_int4(weight, group_size)
+        if codes:  # {"qweight": portable two-per-byte packing, "scale_zeros"} as export_codes wrote them
+            q, scale_zeros = qk.unpack_int4(codes["qweight"]), codes["scale_zeros"]
+        else:
+            q, scale_zeros = qk.quantize_int4(weight, group_size)
         self.register_buffer("scale_zeros", scale_zeros)
         fits = qk.int4pack_fits(self.out_features, self.in_features, group_size)
-        if use_kernels and weight.device.type == "cpu" and fits and qk.has_int4pack():
+        if use_kernels and q.device.type == "cpu" and fits and qk.has_int4pack():
             self.register_buffer("qweight", qk.prepack_int4(q))
             self.kernel = "int4pack-w4a16"
         else:
@@ -159,8 +166,10 @@ class HalfLinear(QuantizedLinear):
     with fp32 activations; bf16 runs a bf16 GEMM (activations rounded to bf16, fp32 accumulation)."""
 
     def __init__(self, weight, bias=None, shard_sizes=None, dtype: torch.dtype = torch.float16,
-                 use_kernels: bool = True):
+                 use_kernels: bool = True, codes: dict[str, torch.Tensor] | None = None):
         super().__init__(weight, bias, shard_sizes)
+        if codes:
+            weight = codes["weight_half"]
         self.storage_dtype = dtype
         self._packed = None
         on_cpu = use_kernels and weight.device.type == "cpu"

@@ -84,6 +84,25 @@ def build_model(hf_config, device: torch.device, dtype: torch.dtype) -> CausalLM
     return model.eval()
 
 
+def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
+    """Weights of a `mlc-cli compile` output; returns the weight dtype still to apply ("auto": none)."""
+    from mlc.errors import ConfigError
+    from mlc.models.compile import install_quantized_layers, read_compiled_manifest
+
+    manifest = read_compiled_manifest(model_dir)
+    compiled = manifest["options"]["weight_dtype"]
+    if compiled != "auto":
+        if weight_dtype not in ("auto", compiled):
+            raise ConfigError(f"{model_dir} is compiled with weight_dtype {compiled}; drop --weight-dtype {weight_dtype} "
+                              "or compile the source checkpoint again")
+        install_quantized_layers(net, model_dir, manifest)
+        weight_dtype = "auto"
+    quantized = tuple(f"{name}." for name in manifest["quantized_layers"])
+    with torch.no_grad():
+        net.load_weights((k, v) for k, v in iter_safetensors(safetensors_files(model_dir)) if not k.startswith(quantized))
+    return weight_dtype
+
+
 def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                weight_dtype: str = "auto") -> CausalLM:
     """Resolve a store name, checkpoint dir or .gguf file, build its architecture and load its weights
@@ -95,8 +114,13 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
     net = build_model(cfg, dev, dt)
-    with torch.no_grad():
-        net.load_weights(iter_safetensors(safetensors_files(model_dir)))
+    from mlc.models.compile import is_compiled
+
+    if is_compiled(model_dir):
+        weight_dtype = _load_compiled(net, model_dir, weight_dtype)
+    else:
+        with torch.no_grad():
+            net.load_weights(iter_safetensors(safetensors_files(model_dir)))
     if weight_dtype != "auto":
         from mlc.layers.quant import quantize_model
 

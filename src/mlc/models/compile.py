@@ -1,0 +1,215 @@
+"""`mlc-cli compile`: the offline step that turns an HF checkpoint into the engine's own layout.
+
+A compiled dir holds q|k|v and gate|up already fused (our parameter names), the dense MLP's intermediate size padded
+with zeros to the hardware profile's alignment (exact: padded gate and up rows are zero, so silu(0) * 0 adds
+nothing), quantized layers as their portable codes (int8 + scales, packed int4 + scales/zeros, fp16/bf16), the
+tokenizer and generation files, and `mlc_compiled.json` (options, source, sha256 of every file). Loading it skips
+fusing and quantizing; the codes are the ones `--weight-dtype` would compute at load time, so outputs are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from mlc.errors import ConfigError, IntegrityError, ModelFormatError
+
+COMPILED_MANIFEST = "mlc_compiled.json"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                "chat_template.jinja", "tokenizer.model")
+_MLP = re.compile(r"layers\.\d+\.mlp\.(gate_up_proj|down_proj)\.(weight|bias)$")
+
+
+@dataclass
+class CompileResult:
+    out_dir: Path
+    weight_dtype: str
+    padded_intermediate: tuple[int, int] | None  # (from, to)
+    quantized_layers: int
+    bytes_written: int
+
+
+def is_compiled(model_dir: Path) -> bool:
+    return (Path(model_dir) / COMPILED_MANIFEST).is_file()
+
+
+def _padded(size: int, align: int) -> int:
+    return size if align <= 1 else math.ceil(size / align) * align
+
+
+def _pad_mlp(state: dict[str, torch.Tensor], old: int, new: int) -> None:
+    """Zero-pad every dense MLP's intermediate dim from `old` to `new` (gate and up halves separately)."""
+    extra = new - old
+    for key in [k for k in state if _MLP.search(k)]:
+        t = state[key]
+        if ".gate_up_proj." in key and t.shape[0] == 2 * old:
+            gate, up = t.split(old, dim=0)
+            pad = t.new_zeros((extra, *t.shape[1:]))
+            state[key] = torch.cat((gate, pad, up, pad), dim=0)
+        elif key.endswith("down_proj.weight") and t.shape[1] == old:
+            state[key] = torch.cat((t, t.new_zeros(t.shape[0], extra)), dim=1)
+
+
+def _codes(module) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A reference-path quantized layer's record and its portable tensors."""
+    from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear
+
+    record = {"in_features": module.in_features, "out_features": module.out_features,
+              "shard_sizes": module.shard_sizes, "bias": module.bias is not None}
+    if isinstance(module, Int8Linear):
+        record.update(kind="int8", scheme=module.scheme)
+        tensors = {"qweight": module.qweight, "scale": module.scale.float()}
+    elif isinstance(module, Int4Linear):
+        record.update(kind="int4", group_size=module.group_size)
+        tensors = {"qweight": module.qweight, "scale_zeros": module.scale_zeros}
+    elif isinstance(module, HalfLinear):
+        record.update(kind=str(module.storage_dtype).removeprefix("torch."))
+        tensors = {"weight_half": module.weight_half}
+    else:
+        raise ModelFormatError(f"{type(module).__name__} layers cannot be compiled yet")
+    if module.bias is not None:
+        tensors["bias"] = module.bias
+    return record, tensors
+
+
+def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", group_size: int = 32,
+                  int8_scheme: str = "mixed", alignment: int = 1, overwrite: bool = False,
+                  source_note: dict | None = None) -> CompileResult:
+    from safetensors.torch import save_file
+
+    from mlc.layers.quant import quantize_model
+    from mlc.layers.quant_linear import QuantizedLinear
+    from mlc.layers.quant_moe import QuantizedExperts
+    from mlc.models.loader import build_model, iter_safetensors, read_config, safetensors_files
+    from mlc.models.store import file_records, resolve_model_dir
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise ConfigError(f"{out_dir} exists and is not empty; pass --overwrite or choose another --out")
+    src = resolve_model_dir(model)
+    if is_compiled(src):
+        raise ConfigError(f"{src} is already compiled; compile the HF checkpoint it came from")
+    cfg = read_config(src)
+    net = build_model(cfg, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        net.load_weights(iter_safetensors(safetensors_files(src)))
+    state = {k: v for k, v in net.state_dict().items() if not (net.tied and k == "lm_head.weight")}
+    padded = None
+    old = getattr(cfg, "intermediate_size", None)
+    if old and _padded(old, alignment) != old:
+        new = _padded(old, alignment)
+        _pad_mlp(state, old, new)
+        cfg.intermediate_size = new
+        padded = (old, new)
+        net = build_model(cfg, torch.device("cpu"), torch.float32)
+        with torch.no_grad():
+            net.load_weights(state.items())
+    layers: dict[str, dict] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    if weight_dtype != "auto":
+        quantize_model(net, weight_dtype, group_size, int8_scheme, use_kernels=False)  # portable codes
+        for name, module in net.named_modules():
+            if isinstance(module, QuantizedExperts):
+                raise ModelFormatError("compiling quantized MoE experts is not supported yet; compile with "
+                                       "--weight-dtype auto and quantize at load time")
+            if isinstance(module, QuantizedLinear):
+                layers[name], codes = _codes(module)
+                tensors.update({f"{name}.{k}": v.contiguous() for k, v in codes.items()})
+    quantized = tuple(f"{n}." for n in layers)
+    for key, value in net.state_dict().items():
+        if key.startswith(quantized) or (net.tied and key == "lm_head.weight"):
+            continue
+        tensors[key] = value.contiguous()
+    with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
+        stage = Path(tmp) / "compiled"
+        stage.mkdir()
+        save_file(tensors, str(stage / WEIGHTS_FILE), metadata={"format": "pt", "mlc_compiled": str(FORMAT_VERSION)})
+        cfg.to_json_file(str(stage / "config.json"))
+        for name in COPIED_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, stage / name)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "compiled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source": {"model": str(model), "dir": str(src), **(source_note or {})},
+            "options": {"weight_dtype": weight_dtype, "group_size": group_size, "int8_scheme": int8_scheme,
+                        "alignment": alignment, "fused": ["qkv_proj", "gate_up_proj"],
+                        "padded_intermediate": padded},
+            "quantized_layers": layers,
+            "files": file_records(stage),
+        }
+        (stage / COMPILED_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(stage), str(out_dir))
+    size = sum(f.stat().st_size for f in out_dir.iterdir())
+    return CompileResult(out_dir, weight_dtype, padded, len(layers), size)
+
+
+def read_compiled_manifest(model_dir: Path) -> dict:
+    path = Path(model_dir) / COMPILED_MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise IntegrityError(f"{path} is unreadable ({e}); compile the model again") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ModelFormatError(f"{model_dir} was compiled in format {manifest.get('format_version')}, this mlc reads "
+                               f"{FORMAT_VERSION}; compile it again with this version")
+    return manifest
+
+
+def verify_compiled(model_dir: Path) -> list[str]:
+    """Files whose sha256 differs from the manifest (or that are missing)."""
+    from mlc.models.store import sha256_file
+
+    manifest = read_compiled_manifest(model_dir)
+    bad = []
+    for name, rec in manifest["files"].items():
+        path = Path(model_dir) / name
+        if not path.is_file() or sha256_file(path) != rec["sha256"]:
+            bad.append(name)
+    return bad
+
+
+def install_quantized_layers(net, model_dir: Path, manifest: dict) -> None:
+    """Replace the layers the manifest lists with quantized ones built from their stored codes."""
+    from safetensors import safe_open
+
+    from mlc.layers.quant import _swap
+    from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear
+
+    device = net.device
+    with safe_open(str(Path(model_dir) / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
+        for name, rec in manifest["quantized_layers"].items():
+            # cloned: packed kernel weights may keep pointing at their input, and the file mapping closes below
+            codes = {k: f.get_tensor(f"{name}.{k}").clone() for k in _code_names(rec)}
+            bias = codes.pop("bias", None)
+            shape = torch.empty(rec["out_features"], rec["in_features"], device="meta")
+            shards = rec["shard_sizes"] if len(rec["shard_sizes"]) > 1 else None
+            kind = rec["kind"]
+            if kind == "int8":
+                layer = Int8Linear(shape, bias, shards, scheme=rec["scheme"], codes=codes)
+            elif kind == "int4":
+                layer = Int4Linear(shape, bias, shards, group_size=rec["group_size"], codes=codes)
+            else:
+                layer = HalfLinear(shape, bias, shards, dtype=getattr(torch, kind), codes=codes)
+            if name == "lm_head":
+                net.lm_head = layer
+            else:
+                _swap(net, name, layer)
+
+
+def _code_names(rec: dict) -> list[str]:
+    names = {"int8": ["qweight", "scale"], "int4": ["qweight", "scale_zeros"]}.get(rec["kind"], ["weight_half"])
+    return names + (["bias"] if rec["bias"] else [])
