@@ -1,0 +1,102 @@
+"""`mlc-cli train`: LoRA fine-tuning from a YAML config (+ key=value overrides); `mlc-cli train plot DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def _steps(text: str | None) -> frozenset[int]:
+    from mlc.errors import ConfigError
+
+    try:
+        return frozenset(int(s) for s in text.split(",") if s.strip()) if text else frozenset()
+    except ValueError:
+        raise ConfigError(f"--inject-nonfinite-steps {text!r}: write step numbers like 3,4") from None
+
+
+def _plot(args: list[str], smoothing: float | None) -> None:
+    from mlc.errors import ConfigError
+    from mlc.train.plot import plot_loss
+
+    if len(args) != 1:
+        raise ConfigError("usage: mlc-cli train plot RUN_DIR")
+    console.print(f"wrote {plot_loss(args[0], weight=smoothing)}", highlight=False)
+
+
+def _report(result) -> None:
+    table = Table(title=f"LoRA run: {result.output_dir}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
+
+    def fmt(x):
+        return "-" if x is None else f"{x:.4f}"
+
+    table.add_row("steps", f"{result.steps} ({result.skipped_steps} skipped)")
+    if result.resumed_from is not None:
+        table.add_row("resumed from", f"step {result.resumed_from}")
+    table.add_row("train loss (last step)", fmt(result.train_loss))
+    table.add_row("eval loss before -> after", f"{fmt(result.eval_loss_before)} -> {fmt(result.eval_loss_after)}")
+    table.add_row("throughput", f"{result.tokens_per_s:.0f} tokens/s over {result.train_seconds:.1f} s of steps")
+    table.add_row("peak RSS", f"{result.peak_rss_mb:.0f} MiB (rank 0)")
+    table.add_row("adapter", result.adapter_dir)
+    table.add_row("log / plot", f"{result.output_dir}/train_log.jsonl, {result.output_dir}/loss.png")
+    console.print(table)
+
+
+def train_cmd(
+    args: Optional[list[str]] = typer.Argument(
+        None, help="Config overrides as key=value (optimizer.lr=1e-4 max_steps=20), or `plot RUN_DIR`."
+    ),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML training config (see configs/)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint (must exist)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Delete output_dir's checkpoints and log, start over."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes (torchrun; gloo on CPU)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or per-step lines."),
+    smoothing: Optional[float] = typer.Option(
+        None, "--smoothing", help="`train plot`: EMA weight of the smoothed curve (default: by run length)."
+    ),
+    inject_nonfinite_steps: Optional[str] = typer.Option(None, hidden=True, help="Testing: make these steps' loss inf."),
+) -> None:
+    """Fine-tune a LoRA adapter. Resumes automatically when output_dir has a checkpoint (`--fresh` to restart)."""
+    args = list(args or [])
+    if args and args[0] == "plot":
+        return _plot(args[1:], smoothing)
+    from mlc.config.train_config import load_train_config
+    from mlc.errors import ConfigError
+    from mlc.train.distributed import launch, launched_by_torchrun
+
+    if resume and fresh:
+        raise ConfigError("--resume and --fresh contradict each other; pick one")
+    cfg = load_train_config(config, args)  # validate before spawning workers
+    if nproc > 1 and not launched_by_torchrun():
+        worker_args = ["train", *(["--config", str(config)] if config else []), *args]
+        worker_args += [flag for flag, on in (("--resume", resume), ("--fresh", fresh), ("--quiet", quiet)) if on]
+        if inject_nonfinite_steps:
+            worker_args += ["--inject-nonfinite-steps", inject_nonfinite_steps]
+        return launch(nproc, worker_args)
+    from mlc.train.trainer import RunOptions, train
+
+    opts = RunOptions(
+        resume="always" if resume else "auto", fresh=fresh, progress=not quiet,
+        inject_nonfinite_steps=_steps(inject_nonfinite_steps),
+    )
+    result = train(cfg, opts)
+    if _is_rank0():
+        _report(result)
+
+
+def _is_rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train", context_settings={"help_option_names": ["-h", "--help"]})(train_cmd)

@@ -1,0 +1,196 @@
+"""The LoRA fine-tuning schema (`mlc-cli train --config lora.yaml`), shaped like the reference tutorial's lora_config.
+
+Every default is the value the template (`config/templates/lora.yaml`) documents. Unknown keys are errors; a bad
+key or value names the file, the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from mlc.config.loader import COMMAND_LINE, format_validation_error, read_yaml
+from mlc.config.dotted import move_alias, parse_assignments, set_path
+from mlc.errors import ConfigError
+
+# The reference tutorial's (MindFormers/GLM) projection names -> the HF names transformers' Llama/GLM models use.
+TARGET_MODULE_ALIASES = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "dense": "o_proj"}
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+# The reference tutorial's lora_config.yaml / MindFormers spellings -> our dotted keys.
+ALIASES: dict[str, str] = {
+    **{f"{section}.{src}": f"lora.{dst}" for section in ("lora_config", "lora") for src, dst in (
+        ("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_dtype", "dtype"),
+    )},
+    "lora_config.target_modules": "lora.target_modules",
+    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout", "lora_dtype": "lora.dtype",
+    "optimizer.learning_rate": "optimizer.lr",
+    "learning_rate": "optimizer.lr",
+}
+_DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class DataConfig(_Section):
+    """`train`/`eval`: a JSONL file (tokenized when the run starts) or a `mlc-cli preprocess` output dir.
+
+    Relative paths are read from the current directory; the defaults are the dataset shipped in the repo."""
+
+    train: str = "data/customer_service.jsonl"
+    eval: str | None = "data/customer_service_eval.jsonl"
+    format: Literal["auto", "instruction", "alpaca", "chat"] = "auto"
+    pad_to_multiple_of: int = Field(16, ge=1)
+    packing: bool = False
+    on_error: Literal["skip", "fail"] = "skip"
+
+
+class OptimizerConfig(_Section):
+    """AdamW; the tutorial's values (lr 2e-4, eps 1e-6, betas 0.9/0.999)."""
+
+    type: Literal["AdamW"] = "AdamW"
+    lr: float = Field(2e-4, gt=0.0)
+    eps: float = Field(1e-6, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _type_alias(cls, v):
+        # MindFormers calls it AdamWeightDecay; case-insensitive spellings of AdamW are the same optimizer.
+        return "AdamW" if isinstance(v, str) and v.lower() in ("adamw", "adamweightdecay") else v
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+
+class LRScheduleConfig(_Section):
+    """Linear warmup (`warmup_steps`, or `warmup_ratio` of the total steps), then `type` decay to 0."""
+
+    type: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int | None = Field(None, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0)
+
+    def warmup_for(self, total_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else int(self.warmup_ratio * total_steps)
+
+
+class LoraSection(_Section):
+    """PEFT LoRA. `target_modules` accepts HF names (q_proj, ...) and the tutorial's query/key/value/dense."""
+
+    r: int = Field(64, ge=1)
+    alpha: float = Field(64, gt=0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["query", "value"], min_length=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_alias(cls, v):
+        return _DTYPE_ALIASES.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v):
+        bad = [m for m in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", m)]
+        if bad:
+            raise ValueError(f"{bad} are not module names; use e.g. q_proj, v_proj or query, value")
+        return v
+
+    def resolved_target_modules(self) -> list[str]:
+        """Aliases mapped to HF names, order kept, duplicates dropped."""
+        return list(dict.fromkeys(TARGET_MODULE_ALIASES.get(m, m) for m in self.target_modules))
+
+
+class TrainConfig(_Section):
+    """One LoRA run. Steps are optimizer steps (each `batch_size * gradient_accumulation_steps * nproc` rows)."""
+
+    model: str = "smollm2-135m-instruct"
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_schedule: LRScheduleConfig = Field(default_factory=LRScheduleConfig)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    batch_size: int = Field(4, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)  # wins over epochs when both are set
+    epochs: float | None = Field(None, gt=0)  # None and no max_steps -> 1 epoch
+    clip_norm: float | None = Field(1.0, gt=0)  # None disables clipping (the norm is still logged)
+    precision: Precision = "auto"  # auto: fp32 on CPU, bf16 on CUDA/NPU
+    device: str = "cpu"
+    seed: int = 42
+    max_seq_len: int = Field(512, ge=16)
+    train_on_prompt: bool = False
+    save_every: int = Field(50, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    eval_every: int | None = Field(None, ge=1)  # None: evaluate before training and at the end only
+    log_every: int = Field(1, ge=1)
+    max_consecutive_bad_steps: int = Field(5, ge=1)
+    output_dir: str = "runs/lora"
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.max_seq_len % self.data.pad_to_multiple_of:
+            raise ValueError(
+                f"max_seq_len ({self.max_seq_len}) must be a multiple of data.pad_to_multiple_of "
+                f"({self.data.pad_to_multiple_of})"
+            )
+        return self
+
+    @classmethod
+    def normalize_aliases(cls, data: dict) -> tuple[dict, dict[str, str]]:
+        return normalize_train_aliases(data)
+
+    def rows_per_step(self, world_size: int = 1) -> int:
+        return self.batch_size * self.gradient_accumulation_steps * world_size
+
+
+def normalize_train_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
+    """The tutorial's spellings -> ours. Returns the new dict and {our key: key as the user wrote it}."""
+    data = copy.deepcopy(raw)
+    origin: dict[str, str] = {}
+    for src, dst in ALIASES.items():
+        move_alias(data, src, dst, origin)
+    opt = data.get("optimizer")
+    if isinstance(opt, dict) and ("beta1" in opt or "beta2" in opt):
+        if "betas" in opt:
+            raise ValueError("optimizer: give betas or beta1/beta2, not both")
+        default = OptimizerConfig.model_fields["betas"].default
+        opt["betas"] = [opt.pop("beta1", default[0]), opt.pop("beta2", default[1])]
+        origin["optimizer.betas"] = "optimizer.beta1/beta2"
+    return data, origin
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key.sub=value` strings -> {dotted key: value}; values are parsed as YAML (1e-4, true, [q_proj, v_proj])."""
+    return parse_assignments(items, "override", "optimizer.lr=1e-4 or max_steps=20")
+
+
+def validate_train_config(raw: dict[str, Any], label: str = "<config>", cli_keys=()) -> TrainConfig:
+    """`raw` (aliases allowed) as a TrainConfig; `cli_keys` are the keys set on the command line, for the message."""
+    data, origin = raw, {}
+    try:
+        data, origin = normalize_train_aliases(raw)
+        origin.update({k: COMMAND_LINE for k in cli_keys if k not in origin})
+        return TrainConfig(**data)
+    except ValueError as e:
+        if isinstance(e, ValidationError):
+            raise ConfigError(format_validation_error(label, e, TrainConfig, origin, data)) from None
+        raise ConfigError(f"{label}: {e}") from None
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """The config file (or only the overrides) validated; `overrides` are `key=value` strings (`key=null` unsets)."""
+    data = read_yaml(path) if path is not None else {}
+    parsed = parse_overrides(overrides or [])
+    for key, value in parsed.items():
+        set_path(data, key, value)
+    return validate_train_config(data, str(path) if path is not None else "<defaults>", parsed)

@@ -1,0 +1,1 @@
+"""Fine-tuning service: preprocess, the LoRA training recipe, checkpoints, evaluation and export."""

@@ -1,0 +1,118 @@
+"""The training model: a transformers causal LM with a PEFT LoRA adapter, and the masked token loss."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mlc.config.device import DTYPES, resolve_device
+from mlc.config.train_config import LoraSection
+from mlc.errors import ConfigError, DeviceError, ModelFormatError
+from mlc.train.data import model_inputs
+from mlc.train.preprocess import IGNORE_INDEX
+
+
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CPUs with bf16 units (AMX / AVX512-BF16), else fp32; bf16 where the accelerator has it
+    (else fp16). Without bf16 units a CPU runs bf16 matmuls hundreds of times slower than fp32."""
+    if precision == "auto":
+        if device.type == "cpu":
+            from mlc.config.hardware import detect_cpu
+
+            return torch.bfloat16 if detect_cpu().has_bf16_units else torch.float32
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    return DTYPES[precision]
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision around the forward; fp32 runs plain."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def quiet_hf() -> None:
+    """No per-tensor loading bars or deprecation chatter from transformers/peft/datasets in our output."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
+
+def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    from transformers import AutoModelForCausalLM
+
+    quiet_hf()
+    dev = resolve_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelFormatError(f"{model_dir}: transformers could not load it as a causal LM ({e})") from None
+    model.config.use_cache = False  # training and scoring never reuse a cache
+    try:
+        return model.to(dev)
+    except RuntimeError as e:
+        raise DeviceError(f"could not move the model to {dev}: {e}") from None
+
+
+def linear_module_names(model) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def attach_lora(model, lora: LoraSection):
+    """Wrap `model` with a fresh LoRA adapter; base weights frozen, adapter weights in `lora.dtype`."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora.resolved_target_modules()
+    available = linear_module_names(model)
+    missing = [t for t in targets if t not in available and t != "all-linear"]
+    if missing:
+        raise ConfigError(
+            f"lora.target_modules: {missing} match no linear layer of this model; "
+            f"its linear layers are: {', '.join(available)} (aliases: query, key, value, dense)"
+        )
+    config = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+        bias="none", task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    adapter_dtype = DTYPES[lora.dtype]
+    for param in peft_model.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(adapter_dtype)
+    return peft_model
+
+
+def load_adapter(model, adapter_dir: str | Path, trainable: bool = False):
+    from peft import PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise ModelFormatError(f"{adapter_dir} is not a PEFT adapter (no adapter_config.json)")
+    try:
+        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ModelFormatError(f"{adapter_dir}: adapter does not fit this base model ({e})") from None
+
+
+def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Summed next-token cross entropy over unmasked labels (fp32); callers divide by the token count."""
+    with autocast(device, dtype):
+        logits = model(**model_inputs(batch, device)).logits
+    targets = batch["labels"][:, 1:].to(device)
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum",
+    )
+
+
+def trainable_parameters(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]

@@ -1,0 +1,264 @@
+"""JSONL instruction data -> a tokenized Arrow dataset (input_ids, labels, attention_mask) plus stats.json.
+
+The model's chat template renders each conversation; prompt tokens get label -100 unless `train_on_prompt`;
+rows longer than `max_seq_len` are truncated (counted), rows are padded to a multiple of `pad_to_multiple_of`,
+and with `packing` several rows share one sequence (position ids restart per row, so attention stays inside it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mlc.errors import DataError, InvalidRequestError
+from mlc.models.tokenizer import render_chat
+from mlc.train.formats import FORMATS, RecordError, to_messages
+
+IGNORE_INDEX = -100
+STATS_FILE = "stats.json"
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    max_seq_len: int = 512
+    pad_to_multiple_of: int = 16
+    train_on_prompt: bool = False
+    packing: bool = False
+    format: str = "auto"
+    on_error: str = "skip"  # skip: drop the row and report it; fail: stop at the first bad row
+
+    def __post_init__(self):
+        if self.max_seq_len % self.pad_to_multiple_of:
+            raise DataError(
+                f"max_seq_len {self.max_seq_len} is not a multiple of pad_to_multiple_of {self.pad_to_multiple_of}"
+            )
+        if self.format not in ("auto", *FORMATS):
+            raise DataError(f"unknown data format {self.format!r}; use auto, {', '.join(FORMATS)}")
+        if self.on_error not in ("skip", "fail"):
+            raise DataError(f"on_error must be skip or fail, not {self.on_error!r}")
+
+
+@dataclass
+class PreprocessStats:
+    source: str
+    rows_read: int = 0
+    rows: int = 0  # examples kept (before packing)
+    sequences: int = 0  # rows of the dataset written (after packing)
+    tokens: int = 0  # real tokens, padding excluded
+    trainable_tokens: int = 0
+    padded_tokens: int = 0  # tokens including padding
+    truncated: int = 0
+    blank_lines: int = 0
+    max_tokens: int = 0
+    formats: dict[str, int] = field(default_factory=dict)
+    dropped: list[dict] = field(default_factory=list)  # {"line": n, "reason": "..."}
+    options: dict = field(default_factory=dict)
+    model: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+
+def _segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
+    """(text, trainable) pieces that concatenate to the rendered conversation; assistant turns are trainable."""
+    pieces: list[tuple[str, bool]] = []
+    done = ""
+
+    def extend(text: str, trainable: bool) -> None:
+        nonlocal done
+        if not text.startswith(done):
+            raise RecordError("the chat template renders earlier turns differently once later turns are added")
+        pieces.append((text[len(done):], trainable))
+        done = text
+
+    def render(upto: int, add_generation_prompt: bool) -> str:
+        try:
+            return render_chat(tokenizer, messages[:upto], add_generation_prompt=add_generation_prompt)
+        except InvalidRequestError as e:
+            raise RecordError(e.message) from None
+
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and i > 0:
+            extend(render(i, True), False)
+        extend(render(i + 1, False), message["role"] == "assistant")
+    return pieces
+
+
+def tokenize_messages(tokenizer, messages: list[dict], train_on_prompt: bool = False) -> tuple[list[int], list[int]]:
+    """input_ids and labels (prompt tokens -100 unless train_on_prompt); the answer ends with EOS."""
+    ids: list[int] = []
+    labels: list[int] = []
+    pieces = _segments(tokenizer, messages)
+    last_trainable = max(i for i, (_, t) in enumerate(pieces) if t)
+    for i, (text, trainable) in enumerate(pieces):
+        piece = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        # Templates without an end-of-turn token (GLM-4's) would never teach the model to stop.
+        if i == last_trainable and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in piece:
+            piece = piece + [tokenizer.eos_token_id]
+        ids += piece
+        labels += piece if (trainable or train_on_prompt) else [IGNORE_INDEX] * len(piece)
+    if labels:
+        labels[0] = IGNORE_INDEX  # no token predicts the first one
+    return ids, labels
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pad_row(ids: list[int], labels: list[int], multiple: int, pad_id: int) -> dict:
+    n = len(ids)
+    extra = round_up(n, multiple) - n
+    return {
+        "input_ids": ids + [pad_id] * extra,
+        "labels": labels + [IGNORE_INDEX] * extra,
+        "attention_mask": [1] * n + [0] * extra,
+    }
+
+
+def pack_rows(examples: list[tuple[list[int], list[int]]], max_seq_len: int, multiple: int, pad_id: int) -> list[dict]:
+    """Greedy in-order packing; each row's position ids start at 0 so transformers masks across rows."""
+    packed: list[dict] = []
+    cur: dict = {"input_ids": [], "labels": [], "position_ids": []}
+
+    def flush() -> None:
+        n = len(cur["input_ids"])
+        extra = round_up(n, multiple) - n
+        packed.append({
+            "input_ids": cur["input_ids"] + [pad_id] * extra,
+            "labels": cur["labels"] + [IGNORE_INDEX] * extra,
+            "attention_mask": [1] * n + [0] * extra,
+            "position_ids": cur["position_ids"] + list(range(extra)),
+        })
+
+    for ids, labels in examples:
+        if cur["input_ids"] and len(cur["input_ids"]) + len(ids) > max_seq_len:
+            flush()
+            cur = {"input_ids": [], "labels": [], "position_ids": []}
+        cur["input_ids"] += ids
+        cur["labels"] += labels
+        cur["position_ids"] += list(range(len(ids)))
+    if cur["input_ids"]:
+        flush()
+    return packed
+
+
+def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions):
+    """(line number, parsed object) for each non-blank line; bad JSON or bad UTF-8 is a dropped row."""
+    try:
+        handle = path.open("rb")
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}") from None
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                stats.blank_lines += 1
+                continue
+            stats.rows_read += 1
+            try:
+                yield line_no, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                _drop(stats, opts, path, line_no, "not UTF-8 text")
+            except json.JSONDecodeError as e:
+                _drop(stats, opts, path, line_no, f"invalid JSON ({e.msg} at column {e.colno})")
+
+
+def _drop(stats: PreprocessStats, opts: PreprocessOptions, path: Path, line_no: int, reason: str) -> None:
+    if opts.on_error == "fail":
+        raise DataError(f"{path}:{line_no}: {reason}; fix the row or pass --on-error skip to drop bad rows")
+    stats.dropped.append({"line": line_no, "reason": reason})
+
+
+def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions) -> tuple[list[dict], PreprocessStats]:
+    """Rows ready for the collator, and the stats; a bad row is dropped and reported, or raises with on_error=fail."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} not found")
+    stats = PreprocessStats(source=str(path), options=asdict(opts))
+    formats: Counter[str] = Counter()
+    examples: list[tuple[list[int], list[int]]] = []
+    for line_no, record in _read_jsonl(path, stats, opts):
+        try:
+            fmt, messages = to_messages(record, opts.format)
+            ids, labels = tokenize_messages(tokenizer, messages, opts.train_on_prompt)
+        except RecordError as e:
+            _drop(stats, opts, path, line_no, str(e))
+            continue
+        if len(ids) > opts.max_seq_len:
+            ids, labels = ids[: opts.max_seq_len], labels[: opts.max_seq_len]
+            if all(x == IGNORE_INDEX for x in labels):
+                _drop(stats, opts, path, line_no, f"the prompt alone fills max_seq_len={opts.max_seq_len}")
+                continue
+            stats.truncated += 1
+        formats[fmt] += 1
+        examples.append((ids, labels))
+        stats.tokens += len(ids)
+        stats.trainable_tokens += sum(x != IGNORE_INDEX for x in labels)
+        stats.max_tokens = max(stats.max_tokens, len(ids))
+    if not examples:
+        raise DataError(f"{path}: no usable rows ({len(stats.dropped)} dropped: {_first_reasons(stats)})")
+    pad_id = pad_token_id(tokenizer)
+    if opts.packing:
+        rows = pack_rows(examples, opts.max_seq_len, opts.pad_to_multiple_of, pad_id)
+    else:
+        rows = [pad_row(ids, labels, opts.pad_to_multiple_of, pad_id) for ids, labels in examples]
+    stats.rows, stats.sequences, stats.formats = len(examples), len(rows), dict(formats)
+    stats.padded_tokens = sum(len(r["input_ids"]) for r in rows)
+    return rows, stats
+
+
+def _first_reasons(stats: PreprocessStats) -> str:
+    shown = [f"line {d['line']}: {d['reason']}" for d in stats.dropped[:3]]
+    return "; ".join(shown) or "the file is empty"
+
+
+def pad_token_id(tokenizer) -> int:
+    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def save_dataset(rows: list[dict], stats: PreprocessStats, out_dir: str | Path) -> Path:
+    """Arrow dataset + stats.json, written to a temp dir and renamed so a half-written output never exists."""
+    from datasets import Dataset
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    out = Path(out_dir)
+    if out.exists() and not (out / STATS_FILE).is_file():
+        raise DataError(f"{out} exists and is not a preprocess output; choose another --out")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    columns = {key: [r[key] for r in rows] for key in rows[0]}
+    Dataset.from_dict(columns).save_to_disk(str(tmp))
+    (tmp / STATS_FILE).write_text(stats.to_json(), encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def load_dataset_rows(data_dir: str | Path) -> tuple[list[dict], dict]:
+    """Rows and stats of a `save_dataset` output."""
+    from datasets import load_from_disk
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+    data_dir = Path(data_dir)
+    stats_path = data_dir / STATS_FILE
+    if not stats_path.is_file():
+        raise DataError(f"{data_dir} is not a preprocessed dataset (no {STATS_FILE}); run `mlc-cli preprocess` first")
+    ds = load_from_disk(str(data_dir))
+    return ds.to_list(), json.loads(stats_path.read_text(encoding="utf-8"))
+
+
+def preprocess_file(path: str | Path, out_dir: str | Path, tokenizer, opts: PreprocessOptions, model: str = "") -> PreprocessStats:
+    rows, stats = tokenize_file(path, tokenizer, opts)
+    stats.model = model
+    save_dataset(rows, stats, out_dir)
+    return stats
