@@ -163,7 +163,6 @@ def run_kv_bench(plan: KVBenchPlan, on_row=None) -> KVBenchReport:
     """Every (dtype, ratio) of the plan; fp32 full KV runs first as the quality reference even when not asked for."""
     import torch
 
-    from mlc.bench import quality
     from mlc.config.engine_config import EngineConfig
     from mlc.engine.kv_cache import KVCache, kv_dtype
     from mlc.engine.llm import LLM

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from mlc.config.serve_config import get_path, set_path
+from mlc.config.dotted import get_path, parse_assignments, set_path
 from mlc.errors import ConfigError
 
 T = TypeVar("T", bound=BaseModel)
@@ -190,13 +190,4 @@ def load_any(path: str | Path, kind: str | None = None, overrides: dict[str, Any
 
 def parse_set_options(items: list[str] | None) -> dict[str, Any]:
     """`--set key.sub=value` strings -> {dotted key: value}, values read as YAML (1e-4, true, [a, b])."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r} is not key=value; write e.g. --set engine.page_size=32")
-        try:
-            out[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({e})") from None
-    return out
+    return parse_assignments(items, "--set", "--set engine.page_size=32")

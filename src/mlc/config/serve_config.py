@@ -8,10 +8,11 @@ sparse_kv_ratio}`, `use_paged_attn` / `enable_paged_attention`, and `attn_implem
 from __future__ import annotations
 
 import copy
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mlc.config.dotted import move_alias
 from mlc.config.engine_config import EngineConfig
 
 # Alias (as written in the tutorial or MindIE flags) -> our dotted key.
@@ -28,61 +29,16 @@ ALIASES: dict[str, str] = {
 ATTN_IMPLEMENTATION_ALIASES = {"flash": "sdpa", "flash_attention": "sdpa", "flash_attention_2": "sdpa", "eager": "sdpa"}
 
 
-def _pop_path(data: dict, dotted: str) -> tuple[bool, Any]:
-    head, _, rest = dotted.partition(".")
-    if head not in data:
-        return False, None
-    if not rest:
-        return True, data.pop(head)
-    inner = data[head]
-    if not isinstance(inner, dict):
-        return False, None
-    found, value = _pop_path(inner, rest)
-    if found and not inner:
-        data.pop(head)
-    return found, value
-
-
-def set_path(data: dict, dotted: str, value: Any) -> None:
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        data[head] = value
-        return
-    if not isinstance(data.get(head), dict):
-        data[head] = {} if data.get(head) is None else data[head]
-    if isinstance(data[head], dict):
-        set_path(data[head], rest, value)
-
-
-def get_path(data: dict, dotted: str) -> tuple[bool, Any]:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def normalize_serve_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
     """Rewrite aliases to our keys. Returns the new dict and {our key: key as the user wrote it}."""
     data = copy.deepcopy(raw)
     origin: dict[str, str] = {}
 
-    def move(src: str, dst: str) -> None:
-        found, value = _pop_path(data, src)
-        if not found:
-            return
-        present, current = get_path(data, dst)
-        if present and current != value:
-            raise ValueError(f"{src} ({value!r}) and {dst} ({current!r}) disagree; keep one of them")
-        set_path(data, dst, value)
-        origin[dst] = src
-
     for src, dst in ALIASES.items():
-        move(src, dst)
+        move_alias(data, src, dst, origin)
     for name in EngineConfig.model_fields:
         if name in data and name not in ServeConfig.model_fields:
-            move(name, f"engine.{name}")
+            move_alias(data, name, f"engine.{name}", origin)
     impl = data.get("attn_implementation")
     if isinstance(impl, str) and impl.lower() in ATTN_IMPLEMENTATION_ALIASES:
         data["attn_implementation"] = ATTN_IMPLEMENTATION_ALIASES[impl.lower()]
