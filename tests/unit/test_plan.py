@@ -149,7 +149,14 @@ def test_sparse_kv_and_quantized_kv_shrink_the_cache(facts):
     int8 = evaluate(facts["glm-4-9b"], h, PlanRequest(seq_len=32768), "auto", "int8", None, 1)
     assert sparse.tokens_per_seq == 4 + 4096 + math.ceil(0.25 * (32768 - 4096 - 4))
     assert sparse.kv_bytes < base.kv_bytes and int8.kv_bytes < base.kv_bytes
-    assert not int8.kv_bytes_per_token_exact and any("estimate" in n for n in int8.notes)
+    assert int8.kv_bytes_per_token_exact and not any("KV size is an estimate" in n for n in int8.notes)
+
+
+def test_quantized_kv_bytes_equal_the_engines_store(facts):
+    for dtype in ("int8", "int4"):
+        spec = facts[DEFAULT].kv_spec
+        cache = KVCache(spec, num_pages=2, page_size=16, dtype=dtype)
+        assert kv_bytes_per_token(spec, dtype) == (cache.bytes_per_token(), True)
 
 
 def test_seq_len_is_capped_at_the_model_context(facts):

@@ -20,7 +20,9 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def report_table(r) -> Table:
-    t = Table(title=f"bench offline: {r.model}, {r.num_prompts} chat prompts x {r.max_new_tokens} new tokens, greedy")
+    weights = r.config.get("weight_dtype", "auto")
+    t = Table(title=f"bench offline: {r.model}, {r.num_prompts} chat prompts x {r.max_new_tokens} new tokens, greedy; "
+                    f"mlc weights {'fp32' if weights == 'auto' else weights}, transformers fp32")
     for col in ("", "mlc", "transformers", "ratio"):
         t.add_column(col, justify="right" if col else "left")
     pb, ps = r.peer_batch, r.peer_single
@@ -34,7 +36,7 @@ def report_table(r) -> Table:
               _fmt((ps.ttft_s or 0) * 1e3 if ps else None), "")
     t.add_row("peak RSS MiB (mlc phase)", _fmt(r.ours_peak_rss_mib, 0), "", "")
     if r.outputs_agree is not None:
-        t.add_row("greedy parity, 5 prompts x 32 tokens", f"{r.outputs_agree:.0%}", "", "")
+        t.add_row("greedy tokens equal to transformers fp32 (5 prompts x 32)", f"{r.outputs_agree:.0%}", "", "")
     return t
 
 
@@ -47,6 +49,7 @@ def register(bench_app: typer.Typer) -> None:
         max_batch_size: Annotated[int, typer.Option("--max-batch-size")] = 32,
         peer_batch_size: Annotated[int, typer.Option("--peer-batch-size", help="transformers' static batch.")] = 8,
         no_peer: Annotated[bool, typer.Option("--no-peer", help="Skip transformers.")] = False,
+        weight_dtype: common.WeightDtypeOpt = None,
         kv_cache_dtype: common.KVDtypeOpt = None,
         kv_cache_memory: common.KVMemOpt = None,
         max_num_batched_tokens: common.TokensOpt = None,
@@ -59,6 +62,7 @@ def register(bench_app: typer.Typer) -> None:
 
         cfg = common.engine_config(config, model=model, max_batch_size=max_batch_size, device=device,
                                    kv_cache_dtype=kv_cache_dtype, kv_cache_memory=kv_cache_memory,
+                                   weight_dtype=weight_dtype,
                                    max_num_batched_tokens=max_num_batched_tokens)
         with console.status("running the engine, then transformers"):
             report = run_offline(cfg, num_prompts, max_new_tokens, peer_batch_size, not no_peer)

@@ -1,10 +1,11 @@
 """`mlc-cli plan`: will a model fit on a device at a length and batch, with which dtypes, on how many devices,
 and how fast can it decode (bandwidth roofline)?
 
-Exact figures: parameter counts (the architecture built on "meta"), KV bytes per token for float cache dtypes
-(`KVCache.bytes_per_token_for` on the model's own `kv_cache_spec()`), pages (the engine's `plan_cache` rule: a
-full-length page run per sequence plus the null page). Estimates, labelled as such: int8/int4 sizes (group
-scales), sparse-KV kept tokens, activation headroom, runtime reserve, and tok/s (an upper bound).
+Exact figures: parameter counts (the architecture built on "meta"), KV bytes per token for every cache dtype,
+int8/int4 scales included (`KVCache.bytes_per_token_for` on the model's own `kv_cache_spec()`), pages (the engine's
+`plan_cache` rule: a full-length page run per sequence plus the null page). Estimates, labelled as such: int8/int4
+weight sizes (group scales), sparse-KV kept tokens, activation headroom, runtime reserve, and tok/s (an upper
+bound).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QUANT_BITS = {"int8": 8, "int4": 4}
 SCALE_BYTES = 2  # one fp16 scale per group
-KV_QUANT_GROUP = 32  # int4 KV: one scale per 32 values of a head row
 RUNTIME_RESERVE = {"cpu": 2 * 2**30, "cuda": 2**30, "npu": 2**30}  # interpreter/torch on CPU; device context elsewhere
 DEVICE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 SPARSE_RATIO = 0.25  # the tutorial's balance point; below 0.2 recall collapses (lint rule sparse-kv-ratio-min)
@@ -148,19 +148,10 @@ def shard_spec(spec, tensor_parallel: int, pipeline_parallel: int):
 
 
 def kv_bytes_per_token(spec, kv_dtype: str) -> tuple[int, bool]:
-    """(bytes, exact). Float dtypes ask the engine's KVCache; int8/int4 are estimates (no quantized store yet):
-    packed values plus one fp16 scale per head row (int8) or per 32 values (int4)."""
-    if kv_dtype in TORCH_DTYPES:
-        return KVCache.bytes_per_token_for(spec, TORCH_DTYPES[kv_dtype]), True
-    if kv_dtype not in QUANT_BITS:
+    """(bytes, exact): what the engine's KVCache stores per token for this dtype, scales of int8/int4 included."""
+    if kv_dtype not in TORCH_DTYPES and kv_dtype not in QUANT_BITS:
         raise ConfigError(f"kv dtype {kv_dtype!r} is unknown (allowed: auto, fp32, fp16, bf16, int8, int4)")
-    total = 0
-    for layer in spec:
-        for shape in layer.values():
-            rows, last = math.prod(shape[:-1]), shape[-1]
-            groups = 1 if kv_dtype == "int8" else math.ceil(last / KV_QUANT_GROUP)
-            total += math.ceil(rows * last * QUANT_BITS[kv_dtype] / 8) + rows * groups * SCALE_BYTES
-    return total, False
+    return KVCache.bytes_per_token_for(spec, TORCH_DTYPES.get(kv_dtype, kv_dtype)), True
 
 
 def tokens_kept(seq_len: int, ratio: float | None, sparse: SparseKVConfig) -> int:
@@ -281,8 +272,6 @@ def evaluate(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest, 
     lay.max_batch = _largest_batch(lambda b: total_for(b)[2] <= lay.capacity_bytes)
     lay.decode_tok_s, lay.bound = decode_speed(facts, profile, lay, request.batch, compute, request.group_size)
     lay.decode_tok_s_per_seq = lay.decode_tok_s / request.batch if request.batch else 0.0
-    if not lay.kv_bytes_per_token_exact:
-        lay.notes.append(f"{kv_dtype} KV size is an estimate: the engine has no {kv_dtype} cache store yet")
     if sparse_ratio is not None:
         lay.notes.append("sparse-KV kept tokens are an estimate of the compaction policy")
     return lay
