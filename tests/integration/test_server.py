@@ -74,6 +74,9 @@ def test_generate(server):
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
     assert body["latency_ms"] > 0 and 0 < body["ttft_ms"] <= body["latency_ms"]
     assert r.headers["x-request-id"] == body["id"]
+    full = post(server, "/generate", {"prompt": "The capital of France is", "max_new_tokens": 8, "temperature": 0,
+                                      "full_kv": True})  # opting out of sparse KV never changes a dense server
+    assert full.status_code == 200 and full.json()["tokens"] == body["tokens"]
 
 
 def test_generate_stream_matches_plain(server):

@@ -34,7 +34,7 @@ async def generate(body: GenerateRequest, request: Request):
                                "max_new_tokens")
     params = sampling_params({}, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p,
                              top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
-                             stop=stop_list(body.stop))
+                             stop=stop_list(body.stop), full_kv=body.full_kv)
     rr.validate(state, prompt.ids, params, {})
     rid = state.new_request_id("gen")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped

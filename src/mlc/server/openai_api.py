@@ -47,6 +47,7 @@ def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, max_tokens:
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=stop_list(body.stop),
         stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos, min_new_tokens=body.min_tokens,
         logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
+        full_kv=body.full_kv,
     )
     rr.validate(state, prompt.ids, params, rename)
     return params

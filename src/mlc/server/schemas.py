@@ -50,6 +50,9 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+FullKV = Annotated[bool, Field(description="mlc: keep this request's whole KV cache when the server runs sparse KV.")]
+
+
 class StreamOptions(Strict):
     include_usage: bool = False
 
@@ -64,6 +67,7 @@ class EngineExtensions(Strict):
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
     include_stop_str_in_output: bool = False
+    full_kv: FullKV = False
     context_length: ContextLength
     context_profile: ContextProfile
 
@@ -79,6 +83,7 @@ class GenerateRequest(Strict):
     stop: StopField
     seed: Seed
     stream: bool = Field(False, description="Send server-sent events: one per step, the last with usage.")
+    full_kv: FullKV = False
     context_length: ContextLength
     context_profile: ContextProfile
 
