@@ -93,25 +93,32 @@ class RoutedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(n_experts, hidden, intermediate), requires_grad=False)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Runs only the experts that received tokens, in ascending expert order, each on its own tokens; the
-        weighted outputs are cast to x's dtype before they are summed (transformers' order)."""
-        top_k = ids.shape[1]
-        flat = ids.flatten()
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.n_experts).tolist()
-        flat_weights = weights.flatten()
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            picks = order[start : start + count]
-            start += count
-            tokens = picks // top_k
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[expert]) * flat_weights[picks, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
-        return out
+        return dispatch_experts(x, ids, weights, self.n_experts, self._expert)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[e])
+
+
+def dispatch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, n_experts: int, expert) -> torch.Tensor:
+    """Runs only the experts that received tokens, in ascending expert order, each on its own tokens
+    (`expert(e, x_rows)`); the weighted outputs are cast to x's dtype before they are summed (transformers' order)."""
+    top_k = ids.shape[1]
+    flat = ids.flatten()
+    order = flat.argsort(stable=True)
+    counts = torch.bincount(flat, minlength=n_experts).tolist()
+    flat_weights = weights.flatten()
+    out = torch.zeros_like(x)
+    start = 0
+    for e, count in enumerate(counts):
+        if not count:
+            continue
+        picks = order[start : start + count]
+        start += count
+        tokens = picks // top_k
+        y = expert(e, x[tokens]) * flat_weights[picks, None]
+        out.index_add_(0, tokens, y.to(out.dtype))
+    return out
 
 
 class SparseMoeBlock(nn.Module):

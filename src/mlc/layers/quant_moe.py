@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlc.layers.moe import RoutedExperts
+from mlc.layers.moe import RoutedExperts, dispatch_experts
 from mlc.layers.quant_linear import QuantizedLinear
 
 LayerFactory = Callable[[str, torch.Tensor, list[int] | None], QuantizedLinear]  # (projection, weight, shards)
@@ -25,22 +25,11 @@ class QuantizedExperts(nn.Module):
         self.down = nn.ModuleList(make("down_proj", experts.down_proj[e], None) for e in n)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        top_k = ids.shape[1]
-        order = ids.flatten().argsort(stable=True)
-        counts = torch.bincount(ids.flatten(), minlength=self.n_experts).tolist()
-        flat_weights = weights.flatten()
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            picks = order[start : start + count]
-            start += count
-            tokens = picks // top_k
-            gate, up = self.gate_up[expert](x[tokens]).chunk(2, dim=-1)
-            y = self.down[expert](F.silu(gate) * up) * flat_weights[picks, None]
-            out.index_add_(0, tokens, y.to(out.dtype))
-        return out
+        return dispatch_experts(x, ids, weights, self.n_experts, self._expert)
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up[e](x).chunk(2, dim=-1)
+        return self.down[e](F.silu(gate) * up)
 
     def weight_bytes(self) -> int:
         return sum(m.weight_bytes() for m in (*self.gate_up, *self.down))
