@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 
 from mlc.deploy.shapes import SHAPES, hf_config_for, shape_names
 from mlc.errors import ModelFormatError, ModelNotFoundError
+from mlc.models.loader import read_config_json
 
 # Modules kept in the compute dtype when weights are quantized (lookups, tiny or accuracy-critical matrices).
 _KEEP_UNQUANTIZED = {"lm_head", "embed_tokens", "gate", "weights_proj"}
@@ -56,35 +56,23 @@ def _config_source(model: str) -> tuple[dict, str]:
     """config.json values and where they came from: a path (file or dir), the store, or a built-in shape."""
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".json":
-        return _read_json(path), str(path)
+        return read_config_json(path), str(path)
     if path.is_dir():
-        return _read_json(path / "config.json"), str(path / "config.json")
+        return read_config_json(path / "config.json"), str(path / "config.json")
     from mlc.models import store
 
     if store.is_pulled(model):
         config = store.store_path(model) / "config.json"
-        return _read_json(config), str(config)
+        return read_config_json(config), str(config)
     if model.lower() in SHAPES:
         return dict(SHAPES[model.lower()]), "built-in shape"
     if path.suffix == ".gguf" and path.is_file():
         config = store.resolve_model_dir(path) / "config.json"
-        return _read_json(config), str(config)
+        return read_config_json(config), str(config)
     raise ModelNotFoundError(
         f"model {model!r} is neither a config.json, a checkpoint dir, a pulled store model nor a built-in shape "
         f"(built-in: {', '.join(shape_names())})"
     )
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise ModelFormatError(f"{path} does not exist; point --model at a checkpoint dir that has a config.json")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{path} is not valid JSON ({e}); repair or re-download it") from None
-    if not isinstance(data, dict) or "model_type" not in data:
-        raise ModelFormatError(f"{path} has no model_type; it is not a transformers config.json")
-    return data
 
 
 def _build_on_meta(hf_config):

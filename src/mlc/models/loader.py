@@ -14,17 +14,25 @@ from mlc.models.base import CausalLM
 from mlc.models.registry import model_class
 
 
-def read_config(model_dir: Path):
-    """The transformers config object (its defaults are the architecture's defaults)."""
-    path = Path(model_dir) / "config.json"
+def read_config_json(path: Path) -> dict:
+    """A checkpoint's config.json as a dict, with a clear error when it is missing, broken or has no model_type."""
+    path = Path(path)
     if not path.is_file():
-        raise ModelFormatError(f"{model_dir} has no config.json; point at an HF checkpoint directory or a .gguf file")
+        raise ModelFormatError(f"{path.parent} has no config.json; point at an HF checkpoint directory or a .gguf file")
     try:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ModelFormatError(f"{path} is not valid JSON ({e}); re-download or repair the checkpoint") from None
-    model_type = raw.get("model_type")
-    model_class(model_type or "<missing model_type>")
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise ModelFormatError(f"{path} has no model_type; it is not a transformers config.json")
+    return raw
+
+
+def read_config(model_dir: Path):
+    """The transformers config object (its defaults are the architecture's defaults)."""
+    path = Path(model_dir) / "config.json"
+    model_type = read_config_json(path)["model_type"]
+    model_class(model_type)
     from transformers import AutoConfig
 
     try:

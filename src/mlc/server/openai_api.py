@@ -32,6 +32,14 @@ async def list_models(request: Request):
     return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.llm.max_seq_len) for n in names])
 
 
+def _begin(body: OpenAIRequest, request: Request):
+    """(state, audit info, adapter id, model name) for a generating request; 503 while the model loads."""
+    state = rr.get_state(request)
+    info = audit_info(request.scope)
+    state.require_engine()
+    return state, info, state.check_model(body.model), body.model or state.model_id
+
+
 def _refuse_unsupported(body: OpenAIRequest) -> None:
     if body.logit_bias:
         raise UnsupportedFeatureError("logit_bias is not supported; omit it", field="logit_bias")
@@ -66,11 +74,7 @@ def _completion_prompts(state: ServerState, prompt) -> list[Prompt]:
 @router.post("/v1/completions", response_model=CompletionResponse, responses=sse_response_doc("text_completion JSON"),
              summary="Complete a prompt (or several)")
 async def completions(body: CompletionRequest, request: Request):
-    state = rr.get_state(request)
-    info = audit_info(request.scope)
-    state.require_engine()
-    adapter_id = state.check_model(body.model)
-    model_name = body.model or state.model_id
+    state, info, adapter_id, model_name = _begin(body, request)
     _refuse_unsupported(body)
     if body.suffix is not None:
         raise UnsupportedFeatureError("suffix (insertion) is not supported; omit it", field="suffix")
@@ -140,11 +144,7 @@ def _chat_checks(body: ChatCompletionRequest) -> tuple[int | None, str]:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
              responses=sse_response_doc("chat.completion.chunk JSON"), summary="Chat, with the model's chat template")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state = rr.get_state(request)
-    info = audit_info(request.scope)
-    state.require_engine()
-    adapter_id = state.check_model(body.model)
-    model_name = body.model or state.model_id
+    state, info, adapter_id, model_name = _begin(body, request)
     max_tokens, max_field = _chat_checks(body)
     prompt = render(state, body.messages)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
