@@ -89,3 +89,21 @@ class TrainingError(MlcError):
 
     exit_code = 9
     error_type = "training_error"
+
+
+class EngineStepError(MlcError):
+    """A bug surfaced in one engine step: the requests of that step fail, the engine repairs itself and goes on."""
+
+    http_status = 500
+    error_type = "engine_error"
+
+    def __init__(self, message: str, *, request_ids: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.request_ids = request_ids
+
+
+class EngineDeadError(MlcError):
+    """The engine's state could not be repaired after a failed step: the process drains and exits non-zero."""
+
+    http_status = 503
+    error_type = "engine_error"

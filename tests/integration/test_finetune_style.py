@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlc.config.train_config import load_train_config
+from mlc.config.loader import load_train_config
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
 from mlc.train.trainer import RunOptions, train

@@ -177,6 +177,28 @@ def test_n_samples(client):
     assert texts == {c.index: c.text for c in same.choices}
 
 
+def test_n_samples_mixed_with_other_sequences_keep_the_engine_alive(server, client):
+    """Issue 10's reproducers: forked samples completing in the same step as other sequences used to read past the
+    logits and kill the engine for good."""
+    r = post(server, "/v1/completions", {"prompt": ["Hello there", "Good morning"], "max_tokens": 4, "n": 2})
+    assert r.status_code == 200, r.text
+    assert sorted(c["index"] for c in r.json()["choices"]) == [0, 1, 2, 3]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def chat(n):
+        return client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4, n=n)
+
+    def streamed(_):
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "n": 2, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as s:
+            return s.status_code, [line for line in s.iter_lines() if line.startswith("data: ")][-1]
+
+    with ThreadPoolExecutor(12) as pool:
+        assert [len(x.choices) for x in pool.map(chat, [2, 1])] == [2, 1]
+        assert all(res == (200, "data: [DONE]") for res in pool.map(streamed, range(12)))
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
 def test_stop_string(client):
     free = client.completions.create(model=MODEL, prompt="Count: 1, 2, 3,", max_tokens=12, temperature=0)
     text = free.choices[0].text

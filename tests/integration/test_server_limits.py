@@ -1,9 +1,11 @@
 """The server under a small queue and a short timeout: 429 under a flood, finish_reason "timeout", and a
-graceful SIGTERM (503 for new requests, in-flight ones cancelled after the grace period, exit code 0)."""
+graceful SIGTERM (503 for new requests, in-flight ones cancelled after the grace period, exit code 0); a second
+SIGTERM ends in-flight requests at once with finish_reason "abort", never a plain-text 500."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
@@ -77,3 +79,41 @@ def test_sigterm_drains_then_exits_cleanly(server):
     assert r.status_code == 200 and choice["finish_reason"] == "abort" and choice["text"]
     assert server.proc.wait(30) == 0
     assert "Traceback" not in server.log()
+
+
+def test_second_sigterm_aborts_in_flight_requests_with_json(tmp_path):
+    srv = ServerProcess(tmp_path, ["--max-batch-size", "2", "--shutdown-grace", "300"])
+    result = {}
+
+    def plain():
+        result["plain"] = httpx.post(srv.url + "/v1/completions", json=LONG, timeout=60)
+
+    def streamed():
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": LONG["prompt"]}], "max_tokens": 400, "ignore_eos": True,
+                "stream": True}) as s:
+            result["stream"] = (s.status_code, s.headers["content-type"], sse_events(s))
+
+    try:
+        srv.wait_healthy()
+        workers = [threading.Thread(target=f) for f in (plain, streamed)]
+        for w in workers:
+            w.start()
+        assert wait_for(lambda: metric(srv.metrics(), "mlc:num_requests_running") == 2, timeout=20)
+        assert wait_for(lambda: metric(srv.metrics(), "mlc:generation_tokens_total") >= 8, timeout=20)  # both have text
+        srv.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: httpx.get(srv.url + "/health").status_code == 503, timeout=5)
+        srv.proc.send_signal(signal.SIGTERM)  # the grace period (300 s) is cut short
+        second = time.monotonic()
+        for w in workers:
+            w.join(30)
+        r = result["plain"]
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+        assert r.json()["choices"][0]["finish_reason"] == "abort" and r.json()["choices"][0]["text"]
+        status, kind, events = result["stream"]
+        assert status == 200 and kind.startswith("text/event-stream") and events[-1] == "[DONE]"
+        assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]][-1] == "abort"
+        assert srv.proc.wait(30) == 0 and time.monotonic() - second < 20
+        assert "Traceback" not in srv.log() and "Exception in ASGI application" not in srv.log()
+    finally:
+        srv.terminate()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +19,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_llama import build_tiny_llama  # noqa: E402
 
-from mlc.config.train_config import validate_train_config  # noqa: E402
+from mlc.config.loader import validate_train_config  # noqa: E402
 from mlc.errors import ConfigError, TrainingError  # noqa: E402
-from mlc.train.checkpoint import list_checkpoints  # noqa: E402
+from mlc.train.checkpoint import MANIFEST_FILE, checkpoint_problem, list_checkpoints  # noqa: E402
 from mlc.train.logging import TrainLog  # noqa: E402
 from mlc.train.trainer import RunOptions, train  # noqa: E402
 
@@ -246,3 +248,66 @@ def test_cli_errors_are_one_line_without_traceback(work, tmp_path, capsys):
     assert code == 2 and "lora.rank: unknown key" in err and "Traceback" not in err
     code, err = run_main(["train", "--resume", "--fresh"], capsys)
     assert code == 2 and "contradict" in err
+
+
+# -- damaged checkpoints at resume ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def saved(work):
+    """A finished 4-step run with checkpoints at steps 2 and 4; its losses are what a resume from step 2 must redo."""
+    run_inproc(work, "saved", max_steps=4, save_every=2)
+    return work / "saved"
+
+
+def damage(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "half":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # "flip": same size, one byte in the middle changed
+        path.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1 :])
+
+
+@pytest.mark.parametrize("manifest,name,how,reason", [
+    (True, "adapter_model.safetensors", "empty", r"adapter_model\.safetensors has size 0, expected \d+"),
+    (True, "optimizer.pt", "flip", r"optimizer\.pt has a different sha256"),
+    (False, "adapter_model.safetensors", "half", r"adapter_model\.safetensors is truncated or corrupt"),
+    (False, "adapter_model.safetensors", "empty", r"adapter_model\.safetensors is truncated or corrupt"),
+    (False, "rng-rank0.pt", "empty", r"rng-rank0\.pt is truncated or corrupt"),
+])
+def test_resume_skips_a_damaged_newest_checkpoint(work, saved, capsys, manifest, name, how, reason):
+    out = f"damaged-{name}-{how}-{manifest}"
+    shutil.copytree(saved, work / out)
+    newest, older = list_checkpoints(work / out)[::-1]
+    if not manifest:  # checkpoints saved before manifests existed are checked by loading every file
+        for ckpt in (newest, older):
+            (ckpt / MANIFEST_FILE).unlink()
+    damage(newest / name, how)
+    capsys.readouterr()
+    result = run_inproc(work, out, RunOptions(progress=False), max_steps=4, save_every=2)
+    err = capsys.readouterr().err
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and "Traceback" not in err, err
+    assert re.search(rf"checkpoint \S*step-000004 skipped: {reason}.*; resuming from step-000002 instead", skipped[0])
+    assert result.resumed_from == 2
+    ref, got = losses(saved), losses(work / out)
+    assert sorted(got) == [1, 2, 3, 4] and max(abs(ref[s] - got[s]) for s in ref) <= 1e-6
+    assert [p.name for p in list_checkpoints(work / out)] == ["step-000002", "step-000004"]
+    assert checkpoint_problem(list_checkpoints(work / out)[-1]) is None  # the redone step 4 replaced the damaged one
+
+
+def test_no_usable_checkpoint_starts_over_loudly_or_fails_with_resume(work, saved, capsys):
+    shutil.copytree(saved, work / "all_damaged")
+    for ckpt in list_checkpoints(work / "all_damaged"):
+        damage(ckpt / "adapter_model.safetensors", "empty")
+    with pytest.raises(TrainingError, match=r"--resume: none of the 2 checkpoint\(s\) .* is usable.*--fresh"):
+        train(validate_train_config(config(work, "all_damaged", max_steps=4, save_every=2)),
+              RunOptions(resume="always", progress=False))
+    capsys.readouterr()
+    result = run_inproc(work, "all_damaged", RunOptions(progress=False), max_steps=4, save_every=2)
+    err = capsys.readouterr().err
+    assert err.count("skipped: adapter_model.safetensors has size 0") == 2
+    assert "no usable checkpoint" in err and "STARTING OVER FROM STEP 0" in err
+    assert result.resumed_from is None and sorted(losses(work / "all_damaged")) == [1, 2, 3, 4]
+    assert all(checkpoint_problem(p) is None for p in list_checkpoints(work / "all_damaged"))
+

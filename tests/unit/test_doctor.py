@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from mlc.deploy import doctor
+from mlc.deploy import doctor_host
 from mlc.deploy.doctor import (
     DoctorOptions, blocking, check_ascend, check_config, check_hf_offline, check_memory, check_port,
     check_prompt_file, check_store, check_train_log, invisible_characters, run_doctor,
@@ -190,5 +190,5 @@ def test_doctor_cli_exit_codes(home, tmp_path, capsys, monkeypatch):
 
 
 def test_versions_parse():
-    assert doctor._version_tuple("2.13.0+cpu") == (2, 13)
-    assert doctor._version_tuple("5.23.0.dev0") == (5, 23)
+    assert doctor_host._version_tuple("2.13.0+cpu") == (2, 13)
+    assert doctor_host._version_tuple("5.23.0.dev0") == (5, 23)

@@ -301,7 +301,7 @@ def test_llama3_rope_factors_are_recovered(tmp_path):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from mlc.models.gguf import _llama3_factors, hf_config
+    from mlc.models.gguf_llama_config import _llama3_factors, hf_config
 
     dim = TINY["head_dim"]
     inv_freq = 1.0 / 50000.0 ** (np.arange(0, dim, 2) / dim)

@@ -32,15 +32,12 @@ def test_bad_context_requests_name_the_field(length, profile, field):
 
 
 def test_completion_budget():
+    """The default is cut to what the context leaves; the context rule itself is the engine's (test_engine_validate)."""
     limits = Limits(100, "context_length")
-    assert completion_budget(10, None, limits, default=512, max_field="max_tokens") == 90
-    assert completion_budget(10, 20, limits, default=512, max_field="max_tokens") == 20
-    with pytest.raises(ContextLengthError) as e:
-        completion_budget(10, 91, limits, default=512, max_field="max_tokens")
-    assert e.value.field == "max_tokens" and "at most 90" in e.value.message
-    with pytest.raises(ContextLengthError) as e:
-        completion_budget(100, None, limits, default=512, max_field="max_tokens")
-    assert e.value.field == "prompt"
+    assert completion_budget(10, None, limits, default=512) == 90
+    assert completion_budget(10, 20, limits, default=512) == 20
+    assert completion_budget(10, 91, limits, default=512) == 91  # refused by the engine's validate
+    assert completion_budget(100, None, limits, default=512) == 1
 
 
 def test_hooks_forms():
@@ -65,6 +62,19 @@ def test_load_hooks_reports_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_hooks(path)
     assert str(path) in e.value.message and "never run through a shell" in e.value.message
+
+
+def test_config_errors_print_their_examples_verbatim(tmp_path, monkeypatch, capsys):
+    """Rich markup used to eat `[cmd, arg]` out of the message."""
+    from mlc.cli.main import main
+
+    path = tmp_path / "config.yaml"
+    path.write_text('hooks: "just a string"\n')
+    monkeypatch.setenv("MLC_CONFIG", str(path))
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "smollm2-135m-instruct"])
+    assert e.value.code == 2
+    assert "hooks: {post_inference: [cmd, arg]}" in capsys.readouterr().err
 
 
 def test_hook_failures_are_counted_not_raised(tmp_path):

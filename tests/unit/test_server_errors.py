@@ -8,7 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from mlc.errors import AuthError, ContextLengthError, InvalidRequestError
-from mlc.server.errors import QueueFullError, ServiceUnavailableError, describe_validation_error, mlc_error_response
+from mlc.server.errors import (
+    QueueFullError, ServiceUnavailableError, describe_validation_error, is_json, mlc_error_response, unreadable_body,
+)
 from mlc.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 
@@ -42,13 +44,52 @@ def test_wrong_type_is_not_coerced():
 
 def test_union_members_are_folded_into_one_field():
     message, param, _ = describe(GenerateRequest, {"prompt": "hi", "stop": 5})
-    assert param == "stop" and "valid string" in message and "valid list" in message
+    assert param == "stop" and message == "stop must be a string or a list of strings (got 5)"
+
+
+@pytest.mark.parametrize("prompt,param,problem", [
+    ([-1], "prompt[0]", "greater than or equal to 0"),
+    ([[1, -1]], "prompt[0][1]", "greater than or equal to 0"),
+    (["a", 1], "prompt[1]", "(got 1)"),
+    (5, "prompt", "(got 5)"),
+    ([], "prompt", "at least 1 item"),
+    ("x" * 1_000_001, "prompt", "at most 1000000 characters"),
+])
+def test_union_errors_name_a_clean_path_and_what_is_accepted(prompt, param, problem):
+    errors = errors_of(CompletionRequest, {"prompt": prompt})
+    message, got_param, _ = describe_validation_error(errors, vocab_size=49152)
+    assert got_param == param and problem in message
+    assert "constrained" not in message and "list[" not in message and "valid string" not in message
+    assert "a string, a list of strings, a list of token ids or a list of lists of token ids" in message
+    assert "from 0 to 49151" in message and len(message) < 400  # a megabyte prompt is not echoed back
+
+
+def test_union_members_are_described_in_words():
+    from mlc.server.errors import _member
+
+    assert [_member(t) for t in ("str", "list[constrained-str]", "list[list[constrained-int]]", "ContentPart")] == \
+        ["a string", "a list of strings", "a list of lists of integers", "an object"]
+
+
+def test_content_union_errors_read_like_paths():
+    message, param, _ = describe(ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}]})
+    assert param == "messages[0].content" and "a string or a list of content parts" in message
+    message, param, _ = describe(ChatCompletionRequest, {"messages": [{"role": "user", "content": [{"text": "a"}]}]})
+    assert param == "messages[0].content[0].type" and "Field required" in message
 
 
 def test_nested_locations_read_like_paths():
     _, param, _ = describe(ChatCompletionRequest, {"messages": [{"role": "user", "content": "a"},
                                                                 {"role": "robot", "content": "b"}]})
     assert param == "messages[1].role"
+
+
+def test_unreadable_bodies_say_why():
+    assert unreadable_body(RecursionError())[2] == "json_too_deep"
+    assert "nested too deeply" in unreadable_body(RecursionError())[0]
+    assert unreadable_body(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"))[2] == "invalid_encoding"
+    assert is_json("application/json; charset=utf-8") and is_json("application/merge-patch+json")
+    assert not is_json("text/plain") and not is_json(None)
 
 
 def test_body_level_errors():

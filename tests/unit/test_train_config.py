@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mlc.config.train_config import TrainConfig, load_train_config, parse_overrides, validate_train_config
+from mlc.config.loader import load_train_config, parse_overrides, validate_train_config
+from mlc.config.train_config import TrainConfig
 from mlc.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

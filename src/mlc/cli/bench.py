@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mlc.errors import InvalidRequestError
@@ -91,7 +92,7 @@ def bench_serve(
     console.print(serve_table(model_id, reports, slo_ttft_ms is not None or slo_tpot_ms is not None))
     for rep in reports:
         for e in rep.errors:
-            console.print(f"[red]concurrency {rep.concurrency} error:[/] {e}", highlight=False)
+            console.print(f"[red]concurrency {rep.concurrency} error:[/] {escape(str(e))}", highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps(to_json(cfg, model_id, reports), indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
@@ -103,9 +104,7 @@ IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant"]
 
 def register(app: typer.Typer) -> None:
     import importlib
-    import importlib.util
 
     for name in IN_PROCESS_BENCHES:
-        if importlib.util.find_spec(f"mlc.cli.{name}") is not None:
-            importlib.import_module(f"mlc.cli.{name}").register(bench_app)
+        importlib.import_module(f"mlc.cli.{name}").register(bench_app)
     app.add_typer(bench_app, name="bench")

@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from mlc.cli import common
 
@@ -29,6 +30,7 @@ def register(app: typer.Typer) -> None:
         kv_cache_memory: common.KVMemOpt = None,
         max_seq_len: common.SeqLenOpt = None,
         config: common.ConfigOpt = None,
+        verify: common.VerifyOpt = None,
     ) -> None:
         """Chat with a model in the terminal, using its chat template."""
         from mlc.engine.llm import LLM
@@ -37,7 +39,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = common.engine_config(config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                    weight_dtype=weight_dtype,
-                                   kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len)
+                                   kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len, verify=verify)
         with console.status(f"loading {cfg.model}"):
             llm = LLM(config=cfg)
         console.print(f"[bold]{cfg.model}[/] ready. {HELP}")
@@ -67,7 +69,7 @@ def register(app: typer.Typer) -> None:
                     console.print(piece, end="", highlight=False, markup=False)
             except MlcError as e:
                 history.pop()
-                console.print(f"\n[red]{e.message}[/]")
+                console.print(f"\n[red]{escape(e.message)}[/]")
                 continue
             console.print()
             history.append({"role": "assistant", "content": reply})

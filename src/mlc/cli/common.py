@@ -1,18 +1,18 @@
-"""Options shared by the commands that run the engine, and the one place they become an EngineConfig."""
+"""Options shared by the commands that run the engine (generate, chat, serve, bench), and their dotted config keys."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from mlc.config.engine_config import EngineConfig
-from mlc.errors import ConfigError
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Store name, HF checkpoint dir or .gguf file.")]
-DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, npu or auto.")]
-DtypeOpt = Annotated[str, typer.Option(help="Compute dtype: auto (fp32 on CPU), fp32, fp16, bf16.")]
+# Optional: serve leaves a flag it was not given to its config file; generate and chat give defaults.
+ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Store name, HF checkpoint dir or .gguf file.")]
+DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N, npu or auto.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(help="Compute dtype: auto (fp32 on CPU), fp32, fp16, bf16.")]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(
     "--weight-dtype", help="auto, fp16, bf16 (storage), int8 (W8A8/W8A16 mixed), int4 (W4A16, groups of 32).")]
 KVDtypeOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype", help="auto, fp32, fp16, bf16, int8, int4.")]
@@ -22,25 +22,30 @@ BatchOpt = Annotated[Optional[int], typer.Option("--max-batch-size", help="Max r
 SeqLenOpt = Annotated[Optional[int], typer.Option("--max-seq-len", help="Max prompt + output tokens per sequence.")]
 TokensOpt = Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="Token budget per step.")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file; flags override it.")]
+VerifyOpt = Annotated[Optional[bool], typer.Option(
+    "--verify", help="Check every byte of a store model against its manifest before loading (default: sizes and "
+    "sampled hashes).")]
+
+
+def engine_overrides(**flags: Any) -> dict[str, Any]:
+    """Engine flags (`device="cuda"`) as serve config keys (`engine.device`); None still means "not given"."""
+    return {f"engine.{name}": value for name, value in flags.items()}
 
 
 def engine_config(config: Path | None = None, **flags) -> EngineConfig:
-    """EngineConfig from an optional YAML file (its `engine:` section, or the whole file), then the given flags."""
-    base: dict = {}
-    if config is not None:
-        import yaml
+    """The engine section of a serve config file (`engine:` or its flat engine keys), then the given flags."""
+    from mlc.config.loader import load_config
+    from mlc.config.serve_config import ServeConfig
 
-        try:
-            raw = yaml.safe_load(Path(config).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"{config}: cannot read ({e})") from None
-        base = dict(raw.get("engine", raw)) if isinstance(raw, dict) else {}
-    base.update({k: v for k, v in flags.items() if v is not None})
-    from pydantic import ValidationError
+    cfg = load_config(config, ServeConfig, engine_overrides(**flags)).engine
+    if cfg.verify:
+        verify_model(cfg.model, full=True)
+    return cfg
 
-    try:
-        return EngineConfig(**base)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{config or 'options'}: {where}: {first['msg']}") from None
+
+def verify_model(model: str, full: bool) -> None:
+    """A store model against its manifest before anything loads (the engine's own load runs the cheap check)."""
+    from mlc.models.store import resolve_model_dir
+    from mlc.models.store_verify import check_at_load
+
+    check_at_load(resolve_model_dir(model), full=full)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from mlc.config.loader import CONFIG_KINDS, load_any, parse_set_options
 from mlc.errors import ConfigError
@@ -56,7 +57,7 @@ def check(
     from mlc.config.hardware import load_profile
     from mlc.config.lint import default_profile, has_errors, lint
 
-    kind, config = load_any(file, kind, parse_set_options(set_))
+    kind, config = load_any(file, kind, assignments=parse_set_options(set_))
     profile = load_profile(hardware) if hardware else default_profile(config)
     findings = lint(config, profile)
     if as_json:
@@ -73,9 +74,9 @@ def print_findings(out: Console, findings, title: str) -> None:
     out.print(title + (": no findings" if not findings else ""), highlight=False)
     colors = {"error": "red", "warning": "yellow", "info": "cyan"}
     for f in findings:
-        out.print(f"[{colors[f.severity]}]{f.severity:7}[/] {f.rule}: {f.message}", highlight=False)
-        out.print(f"        why: {f.reason}", highlight=False)
-        out.print(f"        fix: {f.fix}", highlight=False)
+        out.print(f"[{colors[f.severity]}]{f.severity:7}[/] {f.rule}: {escape(f.message)}", highlight=False)
+        out.print(f"        why: {escape(f.reason)}", highlight=False)
+        out.print(f"        fix: {escape(f.fix)}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         max_batch_size: common.BatchOpt = None,
         max_seq_len: common.SeqLenOpt = None,
         config: common.ConfigOpt = None,
+        verify: common.VerifyOpt = None,
     ) -> None:
         """Generate text offline (no server)."""
         from mlc.engine.llm import LLM
@@ -49,7 +50,7 @@ def register(app: typer.Typer) -> None:
         rows = read_prompt_rows(prompts_file) if prompts_file else [{"prompt": prompt, "chat": chat}]
         cfg = common.engine_config(
             config, model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-            kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+            kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len, verify=verify,
         )
         llm = LLM(config=cfg)
         prompts, params = [], []

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # messages quote config syntax such as [cmd, arg], which is not markup
 
 from mlc.errors import MlcError
 
@@ -16,7 +16,7 @@ from mlc.errors import MlcError
 COMMAND_MODULES = [
     "models", "generate", "chat", "serve", "bench",
     "preprocess", "train", "evaluate", "export",
-    "plan", "doctor", "compile", "config_cmd", "deploy",
+    "plan", "doctor", "compile", "config_cmd",
 ]
 
 app = typer.Typer(
@@ -30,9 +30,7 @@ err_console = Console(stderr=True)
 
 def _register_all() -> None:
     for name in COMMAND_MODULES:
-        full = f"mlc.cli.{name}"
-        if importlib.util.find_spec(full) is not None:
-            importlib.import_module(full).register(app)
+        importlib.import_module(f"mlc.cli.{name}").register(app)
 
 
 @app.callback(invoke_without_command=True)
@@ -55,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="mlc-cli")
     except MlcError as e:
-        err_console.print(f"[bold red]error:[/] {e.message}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -52,24 +52,22 @@ def build_config(config: Path | None, overrides: dict[str, Any], api_keys: list[
     return load_config(config, ServeConfig, overrides)
 
 
-def check_model(model: str) -> None:
-    """Fail before binding the port when the model is not there (a .gguf is converted later, in the background)."""
-    from mlc.models.store import resolve_model_dir
-
+def check_model(model: str, verify: bool = False) -> None:
+    """Fail before binding the port when the model is not there or differs from its store manifest (a .gguf is
+    converted later, in the background, where the engine's load runs the cheap check)."""
     if not model.endswith(".gguf"):
-        resolve_model_dir(model)
+        common.verify_model(model, full=verify)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
-        model: Annotated[Optional[str], typer.Option(
-            "--model", "-m", help="Store name, HF checkpoint dir or .gguf file.")] = None,
+        model: common.ModelOpt = None,
         host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
         port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
         config: common.ConfigOpt = None,
-        device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:N, npu or auto.")] = None,
-        dtype: Annotated[Optional[str], typer.Option(help="auto (fp32 on CPU), fp32, fp16, bf16.")] = None,
+        device: common.DeviceOpt = None,
+        dtype: common.DtypeOpt = None,
         weight_dtype: common.WeightDtypeOpt = None,
         kv_cache_dtype: common.KVDtypeOpt = None,
         kv_cache_memory: common.KVMemOpt = None,
@@ -100,6 +98,7 @@ def register(app: typer.Typer) -> None:
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
         threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: one per core).")] = None,
+        verify: common.VerifyOpt = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
         access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
     ) -> None:
@@ -107,23 +106,23 @@ def register(app: typer.Typer) -> None:
         from mlc.server.hooks import load_hooks
         from mlc.server.run import build_server
 
-        overrides = {
-            "engine.model": model, "engine.device": device, "engine.dtype": dtype, "engine.weight_dtype": weight_dtype,
-            "engine.kv_cache_dtype": kv_cache_dtype, "engine.kv_cache_memory": kv_cache_memory,
-            "engine.page_size": page_size, "engine.max_batch_size": max_batch_size,
-            "engine.max_seq_len": max_seq_len, "engine.max_num_batched_tokens": max_num_batched_tokens,
-            "engine.enable_prefix_caching": prefix_caching, "engine.seed": seed,
+        overrides = common.engine_overrides(
+            model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+            kv_cache_memory=kv_cache_memory, page_size=page_size, max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len, max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=prefix_caching, seed=seed, num_threads=threads, verify=verify,
+        )
+        overrides |= {
             "host": host, "port": port, "max_queue": max_queue, "request_timeout_s": request_timeout,
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
             "audit_log_content": audit_log_content, "strict_input": strict_input,
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
-            "engine.num_threads": threads,
         }
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)
         cfg = build_config(config, overrides, list(api_key or []), parse_profiles(context_profile))
         hooks = load_hooks()
-        check_model(cfg.engine.model)
+        check_model(cfg.engine.model, cfg.engine.verify)
         level = log_level.upper()
         if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error")

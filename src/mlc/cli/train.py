@@ -68,7 +68,7 @@ def train_cmd(
     args = list(args or [])
     if args and args[0] == "plot":
         return _plot(args[1:], smoothing)
-    from mlc.config.train_config import load_train_config
+    from mlc.config.loader import load_train_config
     from mlc.errors import ConfigError
     from mlc.train.distributed import launch, launched_by_torchrun
 

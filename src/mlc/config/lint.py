@@ -251,7 +251,8 @@ RULES: list[Rule] = [
          "set engine.page_size: 16", _page_alignment),
     Rule("open-without-auth", "serve", "host", {"*": "warning"},
          "a server on a public interface without API keys answers anyone",
-         "set api_keys (or MLC_API_KEYS), or bind host: 127.0.0.1", _open_without_auth),
+         "set api_keys (or MLC_API_KEY, comma-separated, in the server's environment), or bind host: 127.0.0.1",
+         _open_without_auth),
     Rule("request-timeout-short", "serve", "request_timeout_s", {"*": "warning"},
          "long-context generations (16K context, 512 new tokens) take about 45 s; short timeouts return empty "
          "answers with status 200 (tutorial 5.4)",

@@ -1,10 +1,12 @@
-"""Read a YAML config into a pydantic schema, with command-line overrides on top.
+"""The one config loader: a YAML file, its aliases and command-line overrides, validated into a pydantic schema.
 
-Every problem is reported as `file: key: problem (allowed: ...)`, all of them at once, as one ConfigError.
+Every command reads its config here (serve, the engine commands, train, `config check`, plan, doctor). Every
+problem is reported as `file: key: problem (allowed: ...)`, all of them at once, as one ConfigError.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
 import types
 import typing
@@ -14,11 +16,15 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from mlc.config.cluster_config import ClusterConfig
 from mlc.config.dotted import get_path, parse_assignments, set_path
+from mlc.config.serve_config import ServeConfig
+from mlc.config.train_config import TrainConfig
 from mlc.errors import ConfigError
 
 T = TypeVar("T", bound=BaseModel)
 COMMAND_LINE = "command line"
+_PROBE = "\0mlc-override-probe\0"  # a value no config holds, to see where an override key lands
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -40,33 +46,59 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def apply_overrides(data: dict, overrides: dict[str, Any] | None) -> dict[str, str]:
-    """Set dotted keys (`engine.page_size`) in place; None means "flag not given". Returns {key: origin}."""
-    origin: dict[str, str] = {}
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        set_path(data, key, value)
-        origin[key] = COMMAND_LINE
-    return origin
-
-
-def load_config(path: str | Path | None, schema: type[T], overrides: dict[str, Any] | None = None) -> T:
-    """The schema built from `path` (None -> defaults), with `overrides` (dotted keys) applied last."""
-    label = str(path) if path is not None else "<defaults>"
+def load_config(
+    path: str | Path | None,
+    schema: type[T],
+    overrides: dict[str, Any] | None = None,
+    assignments: dict[str, Any] | None = None,
+) -> T:
+    """The schema built from `path` (None -> defaults), then `overrides` (flag values by dotted key, None: flag not
+    given), then `assignments` (parsed `key=value` strings, where `key=null` sets null)."""
     data = read_yaml(path) if path is not None else {}
-    origin: dict[str, str] = {}
-    normalize = getattr(schema, "normalize_aliases", None)
-    if normalize is not None:
-        try:
-            data, origin = normalize(data)
-        except ValueError as e:
-            raise ConfigError(f"{label}: {e}") from None
-    origin.update(apply_overrides(data, overrides))
+    label = str(path) if path is not None else "<defaults>"
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    return validate_config(data, schema, label, {**given, **(assignments or {})})
+
+
+def validate_config(raw: dict, schema: type[T], label: str = "<config>", overrides: dict[str, Any] | None = None) -> T:
+    """`raw` (aliases allowed) as a `schema`, with `overrides` (dotted keys, aliases allowed) set over its values."""
+    normalize = getattr(schema, "normalize_aliases", None) or (lambda d: (d, {}))
+    overrides = overrides or {}
+    ours = {key: our_key(normalize, key) for key in overrides}
+    data, origin = copy.deepcopy(raw), {}
+    for key in [k for k, o in ours.items() if o is None]:  # reshaped by the aliases (beta1): merged with the file's
+        set_path(data, key, overrides[key])
     try:
+        data, origin = normalize(data)
+        for key, dotted in ours.items():
+            if dotted is not None:
+                set_path(data, dotted, overrides[key])
+            origin[dotted or key] = COMMAND_LINE
         return schema(**data)
     except ValidationError as e:
         raise ConfigError(format_validation_error(label, e, schema, origin, data)) from None
+    except ValueError as e:  # an alias and our key that disagree
+        raise ConfigError(f"{label}: {e}") from None
+
+
+def our_key(normalize, key: str) -> str | None:
+    """The dotted key `key` is read as (`learning_rate` -> `optimizer.lr`), or None when the aliases reshape it."""
+    probe: dict = {}
+    set_path(probe, key, _PROBE)
+    try:
+        return _path_to(normalize(probe)[0], _PROBE)
+    except ValueError:
+        return None
+
+
+def _path_to(data: dict, leaf: Any, prefix: str = "") -> str | None:
+    for key, value in data.items():
+        if isinstance(value, str) and value == leaf:
+            return prefix + str(key)
+        found = _path_to(value, leaf, f"{prefix}{key}.") if isinstance(value, dict) else None
+        if found:
+            return found
+    return None
 
 
 def format_validation_error(label: str, err: ValidationError, schema: type[BaseModel], origin=None, data=None) -> str:
@@ -155,22 +187,14 @@ def _allowed(info, e: dict) -> str:
 
 
 CONFIG_KINDS = ("serve", "lora", "cluster")
+SCHEMAS: dict[str, type[BaseModel]] = {"serve": ServeConfig, "lora": TrainConfig, "train": TrainConfig,
+                                       "cluster": ClusterConfig}
 
 
 def schema_for(kind: str) -> type[BaseModel]:
-    if kind == "serve":
-        from mlc.config.serve_config import ServeConfig
-
-        return ServeConfig
-    if kind == "cluster":
-        from mlc.config.cluster_config import ClusterConfig
-
-        return ClusterConfig
-    if kind in ("lora", "train"):
-        from mlc.config.train_config import TrainConfig
-
-        return TrainConfig
-    raise ConfigError(f"unknown config kind {kind!r} (allowed: {', '.join(CONFIG_KINDS)})")
+    if kind not in SCHEMAS:
+        raise ConfigError(f"unknown config kind {kind!r} (allowed: {', '.join(CONFIG_KINDS)})")
+    return SCHEMAS[kind]
 
 
 def detect_kind(data: dict) -> str:
@@ -182,12 +206,28 @@ def detect_kind(data: dict) -> str:
     return "serve"
 
 
-def load_any(path: str | Path, kind: str | None = None, overrides: dict[str, Any] | None = None) -> tuple[str, BaseModel]:
+def load_any(
+    path: str | Path, kind: str | None = None, assignments: dict[str, Any] | None = None
+) -> tuple[str, BaseModel]:
     """(kind, config) for a serve, lora or cluster file; the kind is guessed from its keys unless given."""
     kind = kind or detect_kind(read_yaml(path))
-    return kind, load_config(path, schema_for(kind), overrides)
+    return kind, load_config(path, schema_for(kind), assignments=assignments)
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """`mlc-cli train`: the file (or the defaults) with `key=value` overrides on top (`key=null` sets null)."""
+    return load_config(path, TrainConfig, assignments=parse_overrides(overrides))
+
+
+def validate_train_config(raw: dict[str, Any], label: str = "<config>") -> TrainConfig:
+    return validate_config(raw, TrainConfig, label)
 
 
 def parse_set_options(items: list[str] | None) -> dict[str, Any]:
     """`--set key.sub=value` strings -> {dotted key: value}, values read as YAML (1e-4, true, [a, b])."""
     return parse_assignments(items, "--set", "--set engine.page_size=32")
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`mlc-cli train`'s `key.sub=value` arguments -> {dotted key: value}, values read as YAML."""
+    return parse_assignments(items, "override", "optimizer.lr=1e-4 or max_steps=20")

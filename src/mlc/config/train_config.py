@@ -1,21 +1,18 @@
 """The LoRA fine-tuning schema (`mlc-cli train --config lora.yaml`), shaped like the reference tutorial's lora_config.
 
-Every default is the value the template (`config/templates/lora.yaml`) documents. Unknown keys are errors; a bad
-key or value names the file, the key and the allowed values.
+Every default is the value the template (`config/templates/lora.yaml`) documents. Unknown keys are errors;
+`mlc.config.loader` reads the file and reports a bad key or value with the file, the key and the allowed values.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mlc.config.loader import COMMAND_LINE, format_validation_error, read_yaml
-from mlc.config.dotted import move_alias, parse_assignments, set_path
-from mlc.errors import ConfigError
+from mlc.config.dotted import move_alias
 
 # The reference tutorial's (MindFormers/GLM) projection names -> the HF names transformers' Llama/GLM models use.
 TARGET_MODULE_ALIASES = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "dense": "o_proj"}
@@ -167,30 +164,3 @@ def normalize_train_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
         opt["betas"] = [opt.pop("beta1", default[0]), opt.pop("beta2", default[1])]
         origin["optimizer.betas"] = "optimizer.beta1/beta2"
     return data, origin
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """`key.sub=value` strings -> {dotted key: value}; values are parsed as YAML (1e-4, true, [q_proj, v_proj])."""
-    return parse_assignments(items, "override", "optimizer.lr=1e-4 or max_steps=20")
-
-
-def validate_train_config(raw: dict[str, Any], label: str = "<config>", cli_keys=()) -> TrainConfig:
-    """`raw` (aliases allowed) as a TrainConfig; `cli_keys` are the keys set on the command line, for the message."""
-    data, origin = raw, {}
-    try:
-        data, origin = normalize_train_aliases(raw)
-        origin.update({k: COMMAND_LINE for k in cli_keys if k not in origin})
-        return TrainConfig(**data)
-    except ValueError as e:
-        if isinstance(e, ValidationError):
-            raise ConfigError(format_validation_error(label, e, TrainConfig, origin, data)) from None
-        raise ConfigError(f"{label}: {e}") from None
-
-
-def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    """The config file (or only the overrides) validated; `overrides` are `key=value` strings (`key=null` unsets)."""
-    data = read_yaml(path) if path is not None else {}
-    parsed = parse_overrides(overrides or [])
-    for key, value in parsed.items():
-        set_path(data, key, value)
-    return validate_train_config(data, str(path) if path is not None else "<defaults>", parsed)

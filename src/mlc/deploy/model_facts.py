@@ -10,7 +10,7 @@ import torch
 
 from mlc.deploy.shapes import SHAPES, hf_config_for, shape_names
 from mlc.errors import ModelFormatError, ModelNotFoundError
-from mlc.models.loader import read_config_json
+from mlc.models.hf_checkpoint import read_config_json
 
 # Modules kept in the compute dtype when weights are quantized (lookups, tiny or accuracy-critical matrices).
 _KEEP_UNQUANTIZED = {"lm_head", "embed_tokens", "gate", "weights_proj"}
@@ -59,15 +59,16 @@ def _config_source(model: str) -> tuple[dict, str]:
         return read_config_json(path), str(path)
     if path.is_dir():
         return read_config_json(path / "config.json"), str(path / "config.json")
-    from mlc.models import store
+    from mlc.models.store import resolve_model_dir
+    from mlc.models.store_paths import is_pulled, store_path
 
-    if store.is_pulled(model):
-        config = store.store_path(model) / "config.json"
+    if is_pulled(model):
+        config = store_path(model) / "config.json"
         return read_config_json(config), str(config)
     if model.lower() in SHAPES:
         return dict(SHAPES[model.lower()]), "built-in shape"
     if path.suffix == ".gguf" and path.is_file():
-        config = store.resolve_model_dir(path) / "config.json"
+        config = resolve_model_dir(path) / "config.json"
         return read_config_json(config), str(config)
     raise ModelNotFoundError(
         f"model {model!r} is neither a config.json, a checkpoint dir, a pulled store model nor a built-in shape "
@@ -76,7 +77,7 @@ def _config_source(model: str) -> tuple[dict, str]:
 
 
 def _build_on_meta(hf_config):
-    from mlc.models.loader import build_model
+    from mlc.models.hf_checkpoint import build_model
 
     try:
         return build_model(hf_config, torch.device("meta"), torch.bfloat16)

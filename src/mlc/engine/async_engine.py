@@ -2,6 +2,9 @@
 
 Commands (add, abort) are queued and applied between steps, so an abort frees its pages before the next step.
 A consumer that stops iterating (client disconnect, cancellation) aborts its request.
+
+It is also the one client a front end (the HTTP server) uses to reach the engine: tokenizer and chat template,
+limits, adapter names, validation, stats, generate and abort. Nothing else of the engine is read from outside.
 """
 
 from __future__ import annotations
@@ -11,24 +14,22 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.llm_engine import EngineStats, LLMEngine
 from mlc.engine.outputs import RequestOutput
+from mlc.engine.recovery import recover
 from mlc.engine.sampling_params import SamplingParams
-from mlc.errors import MlcError
+from mlc.engine.sequence import FinishReason
+from mlc.errors import EngineDeadError, EngineStepError, MlcError
 
 log = logging.getLogger("mlc.engine")
 
 
-class EngineDeadError(MlcError):
-    http_status = 503
-    error_type = "engine_error"
-
-
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, served_name: str | None = None):
         self.engine = engine
+        self.model_name = served_name or engine.model_name  # the name requests use for the base model
         self._queues: dict[str, asyncio.Queue] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -37,6 +38,9 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count()
         self.error: BaseException | None = None
+        self.on_dead: Callable[[EngineDeadError], None] | None = None  # the server drains and exits non-zero
+        self._unstarted: dict[str, int] = {}  # request id -> samples, between generate() and the engine taking it
+        self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -50,25 +54,71 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    # -- what a client may know and ask -----------------------------------------------------------------------
     @property
-    def num_in_flight(self) -> int:
-        return len(self._queues)
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.model.config.vocab_size
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return list(self.engine.adapter_ids)
+
+    def adapter_id(self, name: str | None) -> int:
+        """0 for the base model (None or its served name), else a served LoRA adapter's id; 404 otherwise."""
+        return 0 if name == self.model_name else self.engine.adapter_id(name)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.engine.encode(text, add_special_tokens)
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        return self.engine.chat_prompt(messages, add_generation_prompt)
+
+    def check_token_ids(self, ids: list[int], field: str) -> None:
+        self.engine.check_token_ids(ids, field)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                            clean_up_tokenization_spaces=False)
+
+    def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
+                 context_source: str = "the context limit") -> None:
+        self.engine.validate(ids, params, context, context_source)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     # -- requests ----------------------------------------------------------------------------------------------
-    async def generate(
+    def generate(
         self,
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
         adapter_id: int = 0,
+        validated: bool = False,
     ) -> AsyncIterator[RequestOutput]:
+        """Queue one request now and return its outputs as they come; `validated`: the caller already ran
+        `validate`. A stream closed before its end aborts the request; one never iterated needs `release`."""
         if self.error is not None:
             raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         rid = request_id or f"req-{next(self._ids)}"
+        params = params or SamplingParams()
         q: asyncio.Queue = asyncio.Queue()
         self._queues[rid] = q
-        self._commands.put(("add", rid, prompt, params or SamplingParams(), adapter_id))
+        with self._lock:
+            self._unstarted[rid] = params.n
+        self._commands.put(("add", rid, prompt, params, adapter_id, validated))
         self._wake.set()
+        return self._outputs(rid, q)
+
+    async def _outputs(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
         finished = False
         try:
             while True:
@@ -81,12 +131,22 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
-            self._queues.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+            self.release(rid, finished)
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+    def release(self, request_id: str, finished: bool = False) -> None:
+        """The consumer is gone: drop its queue and, unless its request finished, abort it (idempotent)."""
+        if self._queues.pop(request_id, None) is not None and not finished:
+            self.abort(request_id)
+
+    def num_waiting(self) -> int:
+        """Sequences queued and not yet running: requests not yet handed to the scheduler, then its waiting queue."""
+        with self._lock:
+            unstarted = sum(self._unstarted.values())
+        return unstarted + len(self.engine.scheduler.waiting)
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """End a request before its next step (its pages freed); a consumer still reading gets the final output."""
+        self._commands.put(("abort", request_id, reason))
         self._wake.set()
 
     # -- engine thread -----------------------------------------------------------------------------------------
@@ -102,19 +162,37 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, prompt, params, adapter_id = cmd
+                _, rid, prompt, params, adapter_id, validated = cmd
+                with self._lock:
+                    self._unstarted.pop(rid, None)
                 if rid not in self._queues:
                     continue  # the caller went away before its request started
                 try:
-                    self.engine.add_request(rid, prompt, params, adapter_id)
+                    self.engine.add_request(rid, prompt, params, adapter_id, validated)
                 except MlcError as e:
                     self._deliver(rid, e)
+                except Exception as e:  # a bug in admission: this request fails, the engine is checked
+                    ended = recover(self.engine, e, [rid])
+                    self._deliver(rid, ended[0].error if ended else EngineStepError(
+                        f"internal engine error admitting this request ({type(e).__name__}: {e}); retry it"))
             else:
-                final = self.engine.abort(cmd[1])
-                if final is not None:
-                    self._deliver(cmd[1], final)  # a consumer still waiting sees the request end
+                try:
+                    final = [self.engine.abort(cmd[1], cmd[2])]
+                except Exception as e:
+                    final = recover(self.engine, e, [cmd[1]])
+                self._deliver_all(o for o in final if o is not None)  # a waiting consumer sees the request end
 
     def _run(self) -> None:
+        try:
+            self._loop_steps()
+        except EngineDeadError as e:
+            self._die(e)
+        except Exception as e:  # a bug outside the supervised step: never leave requests hanging
+            log.exception("the engine thread failed")
+            self._die(EngineDeadError(f"internal engine error: {e}; the server exits so that its supervisor "
+                                      "restarts it"))
+
+    def _loop_steps(self) -> None:
         while not self._stopped.is_set():
             self._apply_commands()
             if not self.engine.has_unfinished():
@@ -123,16 +201,24 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except EngineDeadError:
+                raise
             except MlcError as e:
                 self._fail_all(e)
                 continue
-            except Exception as e:  # a bug: fail every in-flight request loudly rather than hang them
-                log.exception("engine step failed")
-                self.error = e
-                self._fail_all(EngineDeadError(f"internal engine error: {e}"))
-                return
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_all(outputs)
+
+    def _deliver_all(self, outputs) -> None:
+        for out in outputs:  # a request a failed step ended gets its error (the engine repaired itself)
+            self._deliver(out.request_id, out.error if out.error is not None else out)
+
+    def _die(self, err: EngineDeadError) -> None:
+        log.error("%s", err.message)
+        self.error = err
+        for rid in list(self._queues):
+            self._deliver(rid, err)
+        if self.on_dead is not None:
+            self.on_dead(err)
 
     def _fail_all(self, err: MlcError) -> None:
         for rid in list(self.engine.requests):

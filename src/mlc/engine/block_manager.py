@@ -188,6 +188,43 @@ class BlockManager:
             else:
                 self.free_plain.append(page)
 
+    def reset(self) -> None:
+        """Every page free and the prefix cache empty: the repair after a step left the accounting in doubt."""
+        self.ref = [0] * self.num_pages
+        self.free_plain = deque(range(1, self.num_pages))
+        self.free_cached.clear()
+        self.page_key.clear()
+        self.hash_to_page.clear()
+
+    def audit(self, holders: list[Sequence]) -> list[str]:
+        """What is wrong with the accounting, given every sequence that holds pages (empty: consistent)."""
+        problems: list[str] = []
+        held = [0] * self.num_pages
+        for seq in holders:
+            for page in seq.block_table:
+                if not 0 < page < self.num_pages:
+                    problems.append(f"sequence {seq.seq_id} holds page {page}, outside 1..{self.num_pages - 1}")
+                else:
+                    held[page] += 1
+            if self.pages_for(seq.num_cache_entries) > len(seq.block_table):
+                problems.append(f"sequence {seq.seq_id} has {seq.num_cache_entries} entries in "
+                                f"{len(seq.block_table)} pages")
+        free = list(self.free_plain) + list(self.free_cached)
+        if len(free) != len(set(free)):
+            problems.append("a page is on the free lists twice")
+        free_set = set(free)
+        for page in range(1, self.num_pages):
+            if held[page] != self.ref[page]:
+                problems.append(f"page {page}: reference count {self.ref[page]}, held by {held[page]}")
+            if (page in free_set) != (held[page] == 0):
+                problems.append(f"page {page}: held by {held[page]} but {'' if page in free_set else 'not '}free")
+        if NULL_PAGE in free_set or self.ref[NULL_PAGE]:
+            problems.append("the null page was handed out")
+        stale = [h for h, page in self.hash_to_page.items() if self.page_key.get(page, (None,))[0] != h]
+        if stale:
+            problems.append(f"{len(stale)} prefix-cache entries point at pages that hold other content")
+        return problems
+
     def free(self, seq: Sequence) -> None:
         for page in reversed(seq.block_table):
             self._release(page)

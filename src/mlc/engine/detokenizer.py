@@ -17,7 +17,6 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""  # all output text decoded so far (stop string cut off once found)
-        self.emitted = 0  # characters of `text` already handed out
         self.stop = stop
         self.include_stop = include_stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
@@ -58,12 +57,12 @@ class IncrementalDetokenizer:
         if self.read_offset < len(self.ids) and not self.stopped:
             prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
             full = self._decode(self.ids[self.prefix_offset :])
+            start = len(self.text)
             self.text += full[len(prefix) :]
             self.read_offset = len(self.ids)
+            self._check_stop(start)  # the tail may complete a stop string too
 
-    def take_delta(self, finished: bool) -> str:
-        """New text since the last call; holds back a possible stop-string prefix until finished."""
-        end = len(self.text) if finished or self.stopped else max(self.emitted, len(self.text) - self.holdback)
-        delta = self.text[self.emitted : end]
-        self.emitted = end
-        return delta
+    def releasable(self, finished: bool) -> int:
+        """How much of `text` may be shown: all of it once finished or stopped, else all but a possible
+        stop-string prefix at its end."""
+        return len(self.text) if finished or self.stopped else len(self.text) - self.holdback

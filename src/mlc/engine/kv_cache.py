@@ -34,9 +34,13 @@ class KVCache:
         self.layers: list[LayerCache] = [
             {name: new_paged_tensor(slots, shape, dtype, device) for name, shape in layer.items()} for layer in spec
         ]
-        for layer in self.layers:  # page 0 is the null page padded gathers read
+        self.clear_null_page()
+
+    def clear_null_page(self) -> None:
+        """Page 0 is the null page padded gathers read: it must hold zeros."""
+        for layer in self.layers:
             for tensor in layer.values():
-                tensor.clear(slice(0, page_size))
+                tensor.clear(slice(0, self.page_size))
 
     @staticmethod
     def layer_bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: KVDtype) -> list[int]:

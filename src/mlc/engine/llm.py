@@ -33,10 +33,7 @@ class LLM:
 
     def render_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation under the model's chat template, ready for generation."""
-        from mlc.models.tokenizer import render_chat
-
-        text = render_chat(self.tokenizer, messages, add_generation_prompt=True)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self.engine.chat_prompt(messages)[1]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None):
         """Yield each step's new text for one prompt (used by `mlc-cli chat`)."""

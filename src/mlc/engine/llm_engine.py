@@ -17,8 +17,9 @@ from mlc.engine.model_runner import ModelRunner
 from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
-from mlc.engine.scheduler import Scheduler
-from mlc.engine.sequence import Sequence
+from mlc.engine.recovery import recover
+from mlc.engine.scheduler import Scheduler, SchedulerOutput
+from mlc.engine.sequence import FinishReason, Sequence
 from mlc.engine.sparse_kv import SparseKV
 from mlc.errors import (
     CapacityError,
@@ -34,6 +35,14 @@ log = logging.getLogger("mlc.engine")
 
 
 @dataclass
+class Sent:
+    """The one record of what a sample's outputs have handed out: deltas start here."""
+
+    tokens: int = 0
+    chars: int = 0
+
+
+@dataclass
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -42,7 +51,7 @@ class Request:
     detoks: list[IncrementalDetokenizer]
     pending_forks: int = 0
     finished_time: float | None = None
-    emitted_tokens: list[int] = field(default_factory=list)  # per sample, tokens already reported
+    sent: list[Sent] = field(default_factory=list)  # per sample: what the outputs so far handed out
 
     @property
     def finished(self) -> bool:
@@ -82,7 +91,7 @@ class LLMEngine:
         if model is None:
             from mlc.models.loader import load_model
 
-            model = load_model(config.model, config.device, config.dtype, config.weight_dtype)
+            model = load_model(config.model, config.device, config.dtype, config.weight_dtype, verify=config.verify)
         if tokenizer is None:
             from mlc.models.tokenizer import load_tokenizer
 
@@ -104,13 +113,14 @@ class LLMEngine:
             )
         self.kv_cache = KVCache(spec, self.cache_plan.num_pages, config.page_size, cache_dtype, model.device)
         self.block_manager = BlockManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.block_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill
-        )
         self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv
         self.sparse = SparseKV(sparse, self.block_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
+            self.eos_ids, self.sparse,
+        )
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.requests: dict[str, Request] = {}
         self.adapters: dict[str, LoRAAdapter] = {}
@@ -120,6 +130,7 @@ class LLMEngine:
         self._seq_request: dict[int, Request] = {}
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.consecutive_failures = 0  # steps failed since the last good one (engine/recovery.py)
 
     def _cache_dtype(self, name: str) -> KVDtype:
         try:
@@ -145,26 +156,46 @@ class LLMEngine:
             return 0
         if name not in self.adapter_ids:
             known = ", ".join([self.model_name, *self.adapter_ids])
-            raise ModelNotFoundError(f"model {name!r} is not served here; available: {known}", field="model")
+            raise ModelNotFoundError(f"model {name!r} is not served here; available: {known}",
+                                     field="model")
         return self.adapter_ids[name]
 
     # -- requests ----------------------------------------------------------------------------------------------
-    def encode(self, prompt: str) -> list[int]:
-        return list(self.tokenizer(prompt)["input_ids"])
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        """A conversation under the model's chat template: its text and token ids (the one render-then-tokenize
+        path, for the offline API and the server alike)."""
+        from mlc.models.tokenizer import render_chat
+
+        text = render_chat(self.tokenizer, messages, add_generation_prompt=add_generation_prompt)
+        return text, self.encode(text, add_special_tokens=False)
+
+    def check_token_ids(self, ids: list[int], field: str) -> None:
+        """Token ids must name tokens of this vocabulary."""
+        vocab = self.model.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
+                                      field=field)
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, adapter_id: int = 0
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, adapter_id: int = 0,
+        validated: bool = False,
     ) -> None:
+        """Queue a request; `validated` skips `validate` when the caller (the server) already ran it."""
         params = params or SamplingParams()
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self.validate(ids, params)
+        if not validated:
+            self.validate(ids, params)
         if adapter_id and adapter_id not in self.adapter_ids.values():
             raise InvalidRequestError(f"adapter id {adapter_id} is not loaded", field="model")
         seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len)
         req = Request(request_id, ids, params, [seq], [self._detok(ids, params)], pending_forks=params.n - 1)
-        req.emitted_tokens = [0]
+        req.sent = [Sent()]
         self.prompt_tokens += len(ids)
         self.requests[request_id] = req
         self._seq_request[seq.seq_id] = req
@@ -173,21 +204,28 @@ class LLMEngine:
     def _detok(self, ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
-        """Raise the error `add_request` would raise for this prompt, without adding it (safe from any thread)."""
+    def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
+                 context_source: str = "the context limit") -> None:
+        """Every rule a request must meet here (prompt, vocabulary, context, KV capacity), raised as the error
+        `add_request` would raise, without adding it; safe from any thread. `context` bounds prompt + completion
+        below the model's own limit (a server's context profile)."""
         if not ids:
             raise InvalidRequestError("the prompt is empty; send at least one token", field="prompt")
+        self.check_token_ids(ids, "prompt")
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         vocab = self.model.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", field="prompt")
-        if len(ids) + params.max_new_tokens > self.max_seq_len:
-            room = self.max_seq_len - len(ids)
+        if params.top_k > vocab:
+            raise InvalidRequestError(f"top_k={params.top_k} is more than the model's {vocab} tokens; use at most "
+                                      f"{vocab}, or 0 or -1 to turn top_k off", field="top_k")
+        limit = min(context or self.max_seq_len, self.max_seq_len)
+        if context is None or context >= self.max_seq_len:
+            context_source = f"the context limit of {self.max_seq_len} tokens"
+        if len(ids) + params.max_new_tokens > limit:
+            room = limit - len(ids)
             hint = f"lower max_new_tokens to at most {room}" if room > 0 else "shorten the prompt"
             raise ContextLengthError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the context limit "
-                f"of {self.max_seq_len} tokens; {hint}",
-                field="max_new_tokens" if room > 0 else "prompt",
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds {context_source}; "
+                f"{hint}", field="max_new_tokens" if room > 0 else "prompt",
             )
         entries = len(ids) + params.max_new_tokens
         if self.sparse is not None and not params.full_kv:
@@ -200,20 +238,24 @@ class LLMEngine:
                 field="max_new_tokens",
             )
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
         req = self.requests.get(request_id)
         if req is None:
             return None
         req.pending_forks = 0
         for seq in req.seqs:
-            if not seq.is_finished:
-                seq.finish("abort")
-            self.scheduler.finish(seq)
+            self.scheduler.finish(seq, None if seq.is_finished else reason)
         req.finished_time = time.monotonic()
         out = self._output(req)
         self._forget(req)
         return out
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's records without touching its pages (recovery rebuilds the pages after)."""
+        req = self.requests.get(request_id)
+        if req is not None:
+            self._forget(req)
 
     def _forget(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
@@ -225,39 +267,48 @@ class LLMEngine:
 
     # -- one step ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
+        """Run one scheduled step. A failure ends only the requests it touched, with finish_reason "error" and
+        `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
+        (`engine/recovery.py`)."""
+        try:
+            plan = self.scheduler.schedule()
+        except Exception as e:
+            return self._fail_step(e, self.scheduler.running + list(self.scheduler.waiting)[:1])
         if not plan.scheduled:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise CapacityError("no waiting request fits the free KV pages; raise --kv-cache-memory")
             return []
+        try:
+            outputs = self._execute(plan)
+        except Exception as e:
+            return self._fail_step(e, [s.seq for s in plan.scheduled])
+        self.consecutive_failures = 0
+        return outputs
+
+    def _fail_step(self, error: Exception, seqs: list[Sequence]) -> list[RequestOutput]:
+        self.consecutive_failures += 1
+        rids = list(dict.fromkeys(s.request_id for s in seqs if s.request_id in self.requests))
+        return recover(self, error, rids)
+
+    def _execute(self, plan: SchedulerOutput) -> list[RequestOutput]:
         self.runner.apply_copies(plan.copies)
-        logits = self.runner.run(plan.scheduled)
+        step = self.runner.run_isolating(plan.scheduled)
         now = time.monotonic()
         sampled: list[Sequence] = []
         rows: list[int] = []
+        for row, seq in enumerate(self.scheduler.advance(step.scheduled, step.prompt_logprobs, now)):
+            children = self._fork(self._seq_request[seq.seq_id], seq)
+            sampled += [seq, *children]
+            rows += [row] * (1 + len(children))  # forked samples read their parent's logits row
+        self.scheduler.compact()
         touched: dict[str, Request] = {}
-        for item in plan.scheduled:
-            seq = item.seq
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            done = item.completes
-            seq.num_cached += item.num_tokens
-            seq.num_cache_entries += item.num_tokens
-            self.block_manager.register_full_pages(seq)
-            if done:
-                req = self._seq_request[seq.seq_id]
-                rows.append(len(sampled))
-                sampled.append(seq)
-                sampled += self._fork(req, seq)
-                rows += [rows[-1]] * (len(sampled) - len(rows))
-        if self.sparse is not None:
-            self.sparse.compact(self.scheduler.running)
         if sampled:
-            results = self.sampler(logits[torch.tensor(rows)], sampled)
-            for seq, (token, logprob) in zip(sampled, results):
-                req = self._seq_request[seq.seq_id]
-                self._append(req, seq, token, logprob, now)
-                touched[req.request_id] = req
+            results = self.sampler(step.logits[torch.tensor(rows)], sampled)
+            self.scheduler.postprocess(sampled, results, now)
+            self.generation_tokens += len(sampled)
+            for seq in sampled:
+                touched[seq.request_id] = req = self._seq_request[seq.seq_id]
+                self._detokenize(req, seq)
         outputs = []
         for r in touched.values():
             if r.finished:
@@ -265,59 +316,45 @@ class LLMEngine:
             outputs.append(self._output(r))
             if r.finished:
                 self._forget(r)
+        for rid, error in step.failed.items():  # the culprits found by running alone; the step itself went on
+            outputs += recover(self, error, [rid])
         return outputs
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """At the end of the prompt, the request's other samples start sharing the parent's pages."""
         if not req.pending_forks or parent.output_ids:
             return []
-        children = []
-        for j in range(1, req.pending_forks + 1):
-            child = Sequence(req.request_id, req.prompt_ids, req.params, adapter_id=parent.adapter_id,
-                             sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time)
-            child.first_scheduled_time = parent.first_scheduled_time
-            self.block_manager.fork(parent, child)
-            self.scheduler.add_running(child)
+        children = self.scheduler.fork(parent, req.pending_forks)
+        for child in children:
             req.seqs.append(child)
             req.detoks.append(self._detok(req.prompt_ids, req.params))
-            req.emitted_tokens.append(0)
+            req.sent.append(Sent())
             self._seq_request[child.seq_id] = req
-            children.append(child)
         req.pending_forks = 0
         return children
 
-    def _append(self, req: Request, seq: Sequence, token: int, logprob, now: float) -> None:
-        seq.output_ids.append(token)
-        seq.token_times.append(now)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        self.generation_tokens += 1
-        p = seq.params
+    def _detokenize(self, req: Request, seq: Sequence) -> None:
+        """The new token's text; a stop string in it ends the sequence (the scheduler ended those on stop ids)."""
         detok = req.detoks[seq.sample_index]
-        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            reason = "stop"
-        else:
+        token = seq.output_ids[-1]
+        if not self.scheduler.is_stop_token(seq, token):
             detok.add(token)
-            reason = "stop" if detok.stopped else None
-        if reason is None and (len(seq.output_ids) >= p.max_new_tokens or len(seq) >= (seq.max_len or 1 << 30)):
-            reason = "length"
-        if reason is not None:
+        if seq.is_finished or detok.stopped:
             detok.flush()
-            seq.finish(reason)
-            self.scheduler.finish(seq)
+        if detok.stopped and seq.finish_reason is not FinishReason.STOP:
+            self.scheduler.finish(seq, FinishReason.STOP)
 
     def _output(self, req: Request) -> RequestOutput:
         outs = []
-        for i, (seq, detok) in enumerate(zip(req.seqs, req.detoks)):
-            start = req.emitted_tokens[i]
-            req.emitted_tokens[i] = len(seq.output_ids)
+        for seq, detok, sent in zip(req.seqs, req.detoks, req.sent):
+            start, sent.tokens = sent.tokens, len(seq.output_ids)
+            text_start, sent.chars = sent.chars, max(sent.chars, detok.releasable(seq.is_finished))
             want_lp = seq.params.logprobs is not None
             outs.append(CompletionOutput(
                 index=seq.sample_index, text=detok.text, token_ids=list(seq.output_ids),
                 finish_reason=seq.finish_reason, logprobs=list(seq.logprobs) if want_lp else None,
-                delta_text=detok.take_delta(seq.is_finished), delta_token_ids=seq.output_ids[start:],
+                delta_text=detok.text[text_start : sent.chars], delta_start=text_start,
+                delta_token_ids=seq.output_ids[start:],
                 delta_logprobs=seq.logprobs[start:] if want_lp else None,
             ))
         first = req.seqs[0]

@@ -36,10 +36,6 @@ class CachePlan:
     def total_bytes(self) -> int:
         return self.num_pages * self.bytes_per_page
 
-    @property
-    def token_capacity(self) -> int:
-        return (self.num_pages - 1) * self.page_size
-
 
 def plan_cache(
     bytes_per_token: int,

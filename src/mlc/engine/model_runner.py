@@ -1,6 +1,10 @@
-"""Runs one scheduled step: builds flat inputs and attention metadata, runs the model, returns next-token logits."""
+"""Runs one scheduled step: builds flat inputs and attention metadata, runs the model, returns next-token logits
+(and the prompt logprobs the step scored). It reads sequences and never changes them: the scheduler does."""
 
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
 
 import torch
 
@@ -9,6 +13,16 @@ from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
 from mlc.layers.attention import build_attention_metadata
 from mlc.layers.lora import lora_rows
+
+log = logging.getLogger("mlc.engine")
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # fp32 [n, vocab]: one row per scheduled sequence the step completes, in order
+    prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)  # seq_id -> newly scored prompt tokens
+    scheduled: list[ScheduledSeq] = field(default_factory=list)  # what ran (run_isolating may drop some)
+    failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it failed alone
 
 
 class ModelRunner:
@@ -26,11 +40,34 @@ class ModelRunner:
                 for tensor in layer.values():
                     tensor.copy_slots(src, dst)
 
-    @torch.inference_mode()
-    def run(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        """fp32 logits `[n, vocab]`, one row for each scheduled sequence whose step completes it, in order.
+    def run_isolating(self, scheduled: list[ScheduledSeq]) -> StepOutput:
+        """`run`; if the batch fails, its sequences run one by one so that only the requests that fail alone are
+        dropped (in `failed`); a batch in which every sequence fails raises."""
+        try:
+            return self.run(scheduled)
+        except Exception as e:
+            if len(scheduled) == 1:
+                raise
+            log.warning("a step of %d sequences failed (%s); running them one by one", len(scheduled), e)
+        alone: dict[int, StepOutput] = {}
+        failed: dict[str, Exception] = {}
+        for i, s in enumerate(scheduled):
+            try:
+                alone[i] = self.run([s])
+            except Exception as e:
+                failed.setdefault(s.seq.request_id, e)
+        if not alone:
+            raise next(iter(failed.values()))
+        kept = [i for i in alone if scheduled[i].seq.request_id not in failed]
+        rows = [alone[i].logits for i in kept if scheduled[i].completes]
+        scored = {k: v for i in kept for k, v in alone[i].prompt_logprobs.items()}
+        logits = torch.cat(rows) if rows else torch.empty(0, 0)
+        return StepOutput(logits, scored, [scheduled[i] for i in kept], failed)
 
-        Sequences that asked for prompt logprobs get them appended for the prompt tokens this step scored."""
+    @torch.inference_mode()
+    def run(self, scheduled: list[ScheduledSeq]) -> StepOutput:
+        """Logits for each scheduled sequence whose step completes it, and the logprobs of the prompt tokens this
+        step scored for sequences that asked for them."""
         ids: list[int] = []
         positions: list[int] = []
         qlens, ctx, tables = [], [], []
@@ -46,13 +83,12 @@ class ModelRunner:
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)
         with lora_rows(self._adapter_rows(scheduled, meta.query_start)):
             hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
-        for s, start in zip(scheduled, meta.query_start):
-            if s.seq.params.prompt_logprobs:
-                self._score_prompt(s, hidden[start : start + s.num_tokens])
+        scored = {s.seq.seq_id: self._score_prompt(s, hidden[start : start + s.num_tokens])
+                  for s, start in zip(scheduled, meta.query_start) if s.seq.params.prompt_logprobs}
         rows = [r for r, s in zip(meta.last_token_indices(), scheduled) if s.completes]
-        if not rows:
-            return hidden.new_empty(0, 0)
-        return self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows \
+            else hidden.new_empty(0, 0)
+        return StepOutput(logits, scored, scheduled)
 
     def _adapter_rows(self, scheduled: list[ScheduledSeq], starts: list[int]) -> dict:
         """Flat rows of each adapter's tokens this step (a slice when they are contiguous)."""
@@ -66,15 +102,16 @@ class ModelRunner:
             out[adapter_id] = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)
         return out
 
-    def _score_prompt(self, s: ScheduledSeq, hidden: torch.Tensor) -> None:
-        """Logprob of prompt token p+1 from the hidden state at p, for positions not scored before (recompute)."""
+    def _score_prompt(self, s: ScheduledSeq, hidden: torch.Tensor) -> list[float]:
+        """Logprob of prompt token p+1 from the hidden state at p, for positions not scored before (a sequence
+        recomputed after preemption has scored some already)."""
         seq = s.seq
         first = seq.num_cached  # position of hidden[0]
         targets = seq.prompt_ids[first + 1 : first + s.num_tokens + 1]
-        skip = len(seq.prompt_logprobs) - first  # already scored before a preemption
+        skip = len(seq.prompt_logprobs) - first
         if not targets or skip >= len(targets):
-            return
+            return []
         rows = hidden[max(skip, 0) : len(targets)]
         logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
         want = torch.tensor(targets[max(skip, 0) :], device=logprobs.device)
-        seq.prompt_logprobs += logprobs.gather(1, want[:, None])[:, 0].tolist()
+        return logprobs.gather(1, want[:, None])[:, 0].tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlc.engine.sequence import TokenLogprob
+from mlc.errors import MlcError
 
 
 @dataclass
@@ -15,6 +16,7 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None
     delta_text: str = ""
+    delta_start: int = 0  # characters of `text` handed out before `delta_text` (its offset in the text)
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] | None = None
 
@@ -47,6 +49,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     prompt_logprobs: list[float] | None = None  # for prompt tokens 1..n-1, when asked for
+    error: MlcError | None = None  # set when a failed engine step ended this request (finish_reason "error")
 
     @property
     def num_generated_tokens(self) -> int:

@@ -19,7 +19,7 @@ class Sampler:
         self.rng = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None]]:
-        logits = logits.float()
+        logits = logits.float().cpu()  # the per-sequence generators are CPU generators (same draws on any device)
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)

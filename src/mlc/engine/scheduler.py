@@ -1,8 +1,13 @@
-"""Continuous batching with chunked prefill under a per-step token budget, and recompute preemption.
+"""Continuous batching with chunked prefill under a per-step token budget, and recompute preemption; and the
+update of sequences after each step (the scheduler is the one owner of a sequence's progress and of its pages).
 
 Each step first serves running sequences, oldest first (a decode takes one token, a sequence still in prefill takes
 the next chunk of its prompt), then admits waiting ones while the batch and the budget allow. When pages run out, the
 newest running sequence is preempted: its pages are freed and it waits at the front of the queue to be recomputed.
+
+After the model ran: `advance` moves the cached counts and registers full pages with the prefix cache, `fork` starts
+the other samples of a prompt, `compact` thins sparse KV, and `postprocess` appends sampled tokens and ends
+sequences on a stop token, EOS or their length, freeing their pages.
 """
 
 from __future__ import annotations
@@ -10,8 +15,13 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from mlc.engine.block_manager import BlockManager, PageCopy
-from mlc.engine.sequence import Sequence, Status
+from mlc.engine.sequence import FinishReason, Sequence, Status, TokenLogprob
+
+if TYPE_CHECKING:
+    from mlc.engine.sparse_kv import SparseKV
 
 
 @dataclass
@@ -43,8 +53,12 @@ class Scheduler:
         max_batch_size: int = 8,
         max_num_batched_tokens: int = 512,
         enable_chunked_prefill: bool = True,
+        eos_token_ids: set[int] | None = None,
+        sparse: SparseKV | None = None,
     ):
         self.bm = block_manager
+        self.eos_token_ids = set(eos_token_ids or ())
+        self.sparse = sparse
         self.max_batch_size = max_batch_size
         self.budget = max_num_batched_tokens
         self.chunked = enable_chunked_prefill
@@ -60,10 +74,6 @@ class Scheduler:
         """A forked sample joins the batch directly (its pages are shared with its parent)."""
         seq.status = Status.RUNNING
         self.running.append(seq)
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -137,10 +147,86 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence) -> None:
-        """Release a finished or aborted sequence, wherever it is."""
+    def audit(self, live: list[Sequence]) -> list[str]:
+        """What is wrong with the queues, given every unfinished sequence the engine knows (empty: consistent)."""
+        problems: list[str] = []
+        running, waiting = {s.seq_id for s in self.running}, {s.seq_id for s in self.waiting}
+        if len(running) != len(self.running) or len(waiting) != len(self.waiting) or running & waiting:
+            problems.append("a sequence is queued twice")
+        for seq in live:
+            queue = Status.RUNNING if seq.seq_id in running else Status.WAITING if seq.seq_id in waiting else None
+            if queue is None or seq.status is not queue:
+                problems.append(f"sequence {seq.seq_id} is {seq.status.value} but queued as {queue}")
+            if not 0 <= seq.num_cached <= len(seq) or seq.num_cache_entries > seq.num_cached:
+                problems.append(f"sequence {seq.seq_id} caches {seq.num_cached} of {len(seq)} tokens")
+        if len(running) + len(waiting) != len(live):
+            problems.append(f"{len(running) + len(waiting)} sequences queued, {len(live)} unfinished")
+        return problems
+
+    def requeue_all(self, seqs: list[Sequence]) -> None:
+        """Put these sequences, and only these, back in the waiting queue to be recomputed (after a reset)."""
+        self.running = []
+        self.waiting = deque(sorted(seqs, key=lambda s: (s.arrival_time, s.sample_index)))
+        for seq in self.waiting:
+            seq.status = Status.WAITING
+            seq.block_table, seq.page_hashes, seq.kv_positions = [], [], None
+            seq.num_cached = seq.num_cache_entries = 0
+
+    def finish(self, seq: Sequence, reason: FinishReason | None = None) -> None:
+        """End a sequence (or, with no reason, release one already ended), wherever it is; frees its pages."""
+        if reason is not None:
+            seq.finish(reason)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.bm.free(seq)
+
+    def advance(self, scheduled: list[ScheduledSeq], prompt_logprobs: dict[int, list[float]],
+                now: float) -> list[Sequence]:
+        """The step's tokens are in the cache: move the counts on; returns the sequences whose next token is due."""
+        due = [s.seq for s in scheduled if s.completes]
+        for item in scheduled:
+            seq = item.seq
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            seq.num_cached += item.num_tokens
+            seq.num_cache_entries += item.num_tokens
+            seq.prompt_logprobs += prompt_logprobs.get(seq.seq_id, [])
+            self.bm.register_full_pages(seq)
+        return due
+
+    def fork(self, parent: Sequence, num: int) -> list[Sequence]:
+        """`num` more samples of `parent`'s prompt, sharing its pages, join the batch."""
+        children = []
+        for j in range(1, num + 1):
+            child = Sequence(parent.request_id, parent.prompt_ids, parent.params, adapter_id=parent.adapter_id,
+                             sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time)
+            child.first_scheduled_time = parent.first_scheduled_time
+            self.bm.fork(parent, child)
+            self.add_running(child)
+            children.append(child)
+        return children
+
+    def compact(self) -> None:
+        if self.sparse is not None:
+            self.sparse.compact(self.running)
+
+    def postprocess(self, sampled: list[Sequence], results: list[tuple[int, TokenLogprob | None]],
+                    now: float) -> None:
+        """Append each sampled token; end the sequences it stops (stop token, EOS, max_new_tokens, context)."""
+        for seq, (token, logprob) in zip(sampled, results):
+            seq.output_ids.append(token)
+            seq.token_times.append(now)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if self.is_stop_token(seq, token):
+                self.finish(seq, FinishReason.STOP)
+            elif len(seq.output_ids) >= seq.params.max_new_tokens or len(seq) >= (seq.max_len or 1 << 30):
+                self.finish(seq, FinishReason.LENGTH)
+
+    def is_stop_token(self, seq: Sequence, token: int) -> bool:
+        p = seq.params
+        return token in p.stop_token_ids or (token in self.eos_token_ids and not p.ignore_eos)

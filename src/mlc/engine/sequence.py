@@ -20,6 +20,19 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+class FinishReason(str, enum.Enum):
+    """Why a sequence ended; a str so that it serializes as its value in every API."""
+
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_new_tokens or the context limit
+    ABORT = "abort"  # cancelled: client gone, shutdown, or an explicit abort
+    TIMEOUT = "timeout"  # --request-timeout
+    ERROR = "error"  # a failed engine step (engine/recovery.py)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class TokenLogprob:
     token_id: int
@@ -45,7 +58,7 @@ class Sequence:
     num_cache_entries: int = 0  # entries this sequence holds in its pages (== num_cached without sparse KV)
     kv_positions: torch.Tensor | None = None  # sparse KV: token position of each entry at the last compaction
     num_prefix_hit: int = 0  # prompt tokens served from the prefix cache at admission
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -74,6 +87,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: FinishReason) -> None:
         self.status = Status.FINISHED
-        self.finish_reason = reason
+        self.finish_reason = FinishReason(reason)

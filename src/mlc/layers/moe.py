@@ -16,7 +16,7 @@ from torch import nn
 
 from mlc.errors import ModelFormatError
 from mlc.layers.mlp import GatedMLP
-from mlc.models.base import WeightTarget
+from mlc.layers.weight_target import WeightTarget
 
 _FUSED_EXPERTS = re.compile(r"(?P<prefix>.*\.experts)\.(?P<param>gate_up_proj|down_proj)$")
 _PER_EXPERT = re.compile(r"(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")

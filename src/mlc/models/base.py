@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,7 @@ from mlc.errors import ModelFormatError
 from mlc.layers.attention import AttentionMetadata, build_attention_metadata
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import MergedLinear
+from mlc.layers.weight_target import WeightTarget
 
 
 class Embedding(nn.Module):
@@ -22,17 +22,6 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
-
-
-@dataclass(frozen=True)
-class WeightTarget:
-    """Where one checkpoint tensor goes: a parameter, a shard of a MergedLinear, or a slice of a stacked
-    parameter (`expert` picks the first index, `rows` a `[start, stop)` range of the next)."""
-
-    param: str
-    shard: int | None = None
-    expert: int | None = None
-    rows: tuple[int, int] | None = None
 
 
 class CausalLM(nn.Module):
@@ -46,7 +35,6 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = hf_config
 
-    # -- engine interface -------------------------------------------------------------------------------------
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -73,7 +61,6 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.model.embed_tokens.weight.dtype
 
-    # -- dense path (no cache): tests and training-free scoring ---------------------------------------------------
     @torch.inference_mode()
     def dense_logits(self, token_lists: list[list[int]]) -> list[torch.Tensor]:
         """fp32 logits `[len_i, vocab]` for each token list, all sequences run in one flat batch."""
@@ -84,7 +71,6 @@ class CausalLM(nn.Module):
         logits = self.compute_logits(self.forward(ids, positions, meta, None))
         return list(logits.split(lens))
 
-    # -- weights ---------------------------------------------------------------------------------------------------
     def map_weight_name(self, name: str) -> WeightTarget | None:
         """Map a checkpoint tensor name to its target; None skips it (e.g. MTP layers). Override per model."""
         return WeightTarget(name)

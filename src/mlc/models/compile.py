@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from mlc.errors import ConfigError, IntegrityError, ModelFormatError
+from mlc.errors import ConfigError, ModelFormatError
+from mlc.models.compiled import COMPILED_MANIFEST, FORMAT_VERSION, WEIGHTS_FILE, is_compiled
 
-COMPILED_MANIFEST = "mlc_compiled.json"
-FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
+# the reading side that callers of the compile step import from here
+from mlc.models.compiled import verify_compiled  # noqa: F401
+
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                 "chat_template.jinja", "tokenizer.model")
 _MLP = re.compile(r"layers\.\d+\.mlp\.(gate_up_proj|down_proj)\.(weight|bias)$")
@@ -37,10 +38,6 @@ class CompileResult:
     padded_intermediate: tuple[int, int] | None  # (from, to)
     quantized_layers: int
     bytes_written: int
-
-
-def is_compiled(model_dir: Path) -> bool:
-    return (Path(model_dir) / COMPILED_MANIFEST).is_file()
 
 
 def _padded(size: int, align: int) -> int:
@@ -90,13 +87,16 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     from mlc.layers.quant import quantize_model
     from mlc.layers.quant_linear import QuantizedLinear
     from mlc.layers.quant_moe import QuantizedExperts
-    from mlc.models.loader import build_model, iter_safetensors, read_config, safetensors_files
-    from mlc.models.store import file_records, resolve_model_dir
+    from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
+    from mlc.models.store import resolve_model_dir
+    from mlc.models.store_manifest import file_records
+    from mlc.models.store_verify import check_at_load
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise ConfigError(f"{out_dir} exists and is not empty; pass --overwrite or choose another --out")
     src = resolve_model_dir(model)
+    check_at_load(src)
     if is_compiled(src):
         raise ConfigError(f"{src} is already compiled; compile the HF checkpoint it came from")
     cfg = read_config(src)
@@ -155,61 +155,3 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
         shutil.move(str(stage), str(out_dir))
     size = sum(f.stat().st_size for f in out_dir.iterdir())
     return CompileResult(out_dir, weight_dtype, padded, len(layers), size)
-
-
-def read_compiled_manifest(model_dir: Path) -> dict:
-    path = Path(model_dir) / COMPILED_MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"{path} is unreadable ({e}); compile the model again") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ModelFormatError(f"{model_dir} was compiled in format {manifest.get('format_version')}, this mlc reads "
-                               f"{FORMAT_VERSION}; compile it again with this version")
-    return manifest
-
-
-def verify_compiled(model_dir: Path) -> list[str]:
-    """Files whose sha256 differs from the manifest (or that are missing)."""
-    from mlc.models.store import sha256_file
-
-    manifest = read_compiled_manifest(model_dir)
-    bad = []
-    for name, rec in manifest["files"].items():
-        path = Path(model_dir) / name
-        if not path.is_file() or sha256_file(path) != rec["sha256"]:
-            bad.append(name)
-    return bad
-
-
-def install_quantized_layers(net, model_dir: Path, manifest: dict) -> None:
-    """Replace the layers the manifest lists with quantized ones built from their stored codes."""
-    from safetensors import safe_open
-
-    from mlc.layers.quant import _swap
-    from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear
-
-    device = net.device
-    with safe_open(str(Path(model_dir) / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
-        for name, rec in manifest["quantized_layers"].items():
-            # cloned: packed kernel weights may keep pointing at their input, and the file mapping closes below
-            codes = {k: f.get_tensor(f"{name}.{k}").clone() for k in _code_names(rec)}
-            bias = codes.pop("bias", None)
-            shape = torch.empty(rec["out_features"], rec["in_features"], device="meta")
-            shards = rec["shard_sizes"] if len(rec["shard_sizes"]) > 1 else None
-            kind = rec["kind"]
-            if kind == "int8":
-                layer = Int8Linear(shape, bias, shards, scheme=rec["scheme"], codes=codes)
-            elif kind == "int4":
-                layer = Int4Linear(shape, bias, shards, group_size=rec["group_size"], codes=codes)
-            else:
-                layer = HalfLinear(shape, bias, shards, dtype=getattr(torch, kind), codes=codes)
-            if name == "lm_head":
-                net.lm_head = layer
-            else:
-                _swap(net, name, layer)
-
-
-def _code_names(rec: dict) -> list[str]:
-    names = {"int8": ["qweight", "scale"], "int4": ["qweight", "scale_zeros"]}.get(rec["kind"], ["weight_half"])
-    return names + (["bias"] if rec["bias"] else [])

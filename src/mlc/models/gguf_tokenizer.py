@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlc.errors import ModelFormatError
@@ -16,7 +15,7 @@ from mlc.errors import ModelFormatError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from mlc.models.gguf import GGUFFile
+    from mlc.models.gguf_reader import GGUFFile
 
 # llama.cpp token types
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -238,11 +237,3 @@ def tokenizer_config(gf: GGUFFile) -> dict[str, Any]:
     if template:
         cfg["chat_template"] = str(template)
     return cfg
-
-
-def write_tokenizer_files(gf: GGUFFile, out_dir: Path) -> None:
-    from mlc.models.gguf import write_json
-
-    build_tokenizer(gf).save(str(out_dir / "tokenizer.json"))
-    write_json(out_dir / "tokenizer_config.json", tokenizer_config(gf))
-    write_json(out_dir / "special_tokens_map.json", special_tokens(gf))

@@ -19,7 +19,8 @@ from mlc.layers.mlp import GatedMLP
 from mlc.layers.moe import SparseMoeBlock, map_moe_weight_name
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding
-from mlc.models.base import CausalLM, Embedding, WeightTarget
+from mlc.layers.weight_target import WeightTarget
+from mlc.models.base import CausalLM, Embedding
 from mlc.models.llama import map_stacked_name
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")

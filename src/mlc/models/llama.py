@@ -11,7 +11,8 @@ from mlc.layers.linear import Linear, MergedLinear
 from mlc.layers.mlp import GatedMLP
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_parameters
-from mlc.models.base import CausalLM, Embedding, WeightTarget
+from mlc.layers.weight_target import WeightTarget
+from mlc.models.base import CausalLM, Embedding
 
 # HF projection name -> (our fused module, shard index)
 STACKED = {

@@ -9,15 +9,20 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc import __version__
 from mlc.config.serve_config import ServeConfig
 from mlc.server import health, metrics, native, openai_api, tokenize
 from mlc.server.audit import AuditMiddleware
 from mlc.server.auth import APIKeyMiddleware
-from mlc.server.errors import install_error_handlers
+from mlc.server.errors import error_body, install_error_handlers
 from mlc.server.hooks import HooksConfig
+from mlc.server.responses_doc import add_event_schemas
+from mlc.server.schemas import ChatCompletionChunk, GenerateEvent
 from mlc.server.state import ServerState, default_engine_factory
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -42,8 +47,7 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
         finally:
             state.close()
 
-    app = FastAPI(title="mlc", version=__version__, description=DESCRIPTION, lifespan=lifespan,
-                  max_body_size=MAX_BODY_BYTES)
+    app = FastAPI(title="mlc", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.mlc = state
     install_error_handlers(app)
     for module in (health, native, openai_api, tokenize, metrics):
@@ -54,7 +58,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     async def chat_page():
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
-    _drop_422(app)
+    _finish_openapi(app)
+    app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # innermost: auth and audit see the 413 first
     if config.api_keys:
         app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
     if state.audit_log is not None or state.hooks.enabled:
@@ -62,8 +67,41 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     return app
 
 
-def _drop_422(app: FastAPI) -> None:
-    """FastAPI documents a 422 on every route with a body; this server answers validation errors with 400."""
+class BodyLimitMiddleware:
+    """A body over `limit` bytes gets a JSON 413 before any of it is parsed: at once when Content-Length says so,
+    else as soon as the bytes received pass the limit (Starlette's own limit answers in plain text)."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+        self.message = (f"the request body is larger than this server's limit of {limit // 2**20} MiB; send less "
+                        "(fewer or shorter prompts)")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdigit() and int(length) > self.limit:
+            body = error_body(self.message, "invalid_request_error", "body", "body_too_large")
+            await JSONResponse(body, 413, headers={"Connection": "close"})(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise HTTPException(413, self.message)  # inside the route: the error handlers answer it
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _finish_openapi(app: FastAPI) -> None:
+    """FastAPI documents a 422 on every route with a body, where this server answers 400; and it knows nothing of
+    the stream events' models."""
     build = app.openapi
 
     def openapi() -> dict:
@@ -74,6 +112,7 @@ def _drop_422(app: FastAPI) -> None:
                     operation["responses"].pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            add_event_schemas(schema["components"]["schemas"], [GenerateEvent, ChatCompletionChunk])
         return app.openapi_schema
 
     app.openapi = openapi

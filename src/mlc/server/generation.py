@@ -1,19 +1,19 @@
 """One engine request as the server runs it: a deadline, cancellation on shutdown or disconnect, and metrics.
 
 `next()` hands out the engine's outputs. When --request-timeout passes or the server cancels the request at
-shutdown, the engine request is aborted (its pages freed) and one last output carries the text so far with
-finish_reason "timeout" or "abort", so a client always learns why its text ended. If that happens before any token,
-`next()` raises a typed error instead (504 or 503): never an empty 200.
+shutdown, the engine aborts the request with that reason (its pages freed) and its last output carries the rest of
+the text with finish_reason "timeout" or "abort", so a client always learns why its text ended. If that happens
+before any token, `next()` raises a typed error instead (504 or 503): never an empty 200.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 from mlc.engine.sampling_params import SamplingParams
+from mlc.engine.sequence import FinishReason
 from mlc.server.errors import RequestTimeoutError, ServiceUnavailableError
 
 if TYPE_CHECKING:
@@ -35,9 +35,8 @@ class Generation:
         self.stop_reason: str | None = None
         self.done = False
         self.closed = False
-        self._sent = [0] * params.n  # characters of each sample's text handed out as deltas
         self._pending: asyncio.Future | None = None
-        self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id)
+        self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id, validated=True)
         self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, "timeout")
         state.active.add(self)
 
@@ -46,63 +45,43 @@ class Generation:
         return self.last.outputs[0].finish_reason if self.last is not None and self.last.outputs else None
 
     def stop(self, reason: str) -> None:
-        """End the request early ("timeout", "abort"); the next `next()` returns the final output."""
+        """End the request early ("timeout", "abort"): the engine aborts it with that reason, and the next `next()`
+        returns its final output."""
         if self.done or self.stop_reason is not None:
             return
         self.stop_reason = reason
-        if self._pending is not None:
-            self._pending.cancel()
+        self.state.engine.abort(self.request_id, FinishReason(reason))
 
     async def next(self) -> RequestOutput | None:
         """The next output, or None once the final one was handed out."""
         if self.done:
             return None
-        if self.stop_reason is not None:
-            await self._gen.aclose()  # aborts the engine request
-            return self._stopped()
         self._pending = asyncio.ensure_future(self._gen.__anext__())
         try:
             out = await self._pending
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if self.stop_reason is not None and not (task and task.cancelling()):
-                return self._stopped()
-            raise
         except StopAsyncIteration:
             self.done = True
             return None
         finally:
             self._pending = None
+        if out.finished:
+            self.done = True
+        if self.stop_reason is not None and self.last is None and not any(o.token_ids for o in out.outputs):
+            self._refuse_empty()
         if self.first_output_time is None:
             self.first_output_time = time.monotonic()
         self.last = out
-        for o in out.outputs:
-            if o.index < len(self._sent):
-                self._sent[o.index] += len(o.delta_text)
-        if out.finished:
-            self.done = True
         return out
 
-    def _stopped(self) -> RequestOutput:
-        self.done = True
-        if self.last is None:
+    def _refuse_empty(self) -> None:
+        """Stopped before any token: a typed error, never an empty 200."""
+        if self.stop_reason == FinishReason.TIMEOUT:
             limit = self.state.config.request_timeout_s
-            if self.stop_reason == "timeout":
-                raise RequestTimeoutError(
-                    f"no token within --request-timeout ({limit:g}s); the server is busy or the prompt is long: "
-                    "retry later or raise --request-timeout"
-                )
-            raise ServiceUnavailableError("the server is shutting down and cancelled this request; retry elsewhere")
-        outs = []
-        for o in self.last.outputs:
-            if o.finish_reason is not None:
-                outs.append(dataclasses.replace(o, delta_text="", delta_token_ids=[], delta_logprobs=None))
-                continue
-            rest = o.text[self._sent[o.index]:] if o.index < len(self._sent) else ""
-            outs.append(dataclasses.replace(o, finish_reason=self.stop_reason, delta_text=rest,
-                                            delta_token_ids=[], delta_logprobs=[] if o.logprobs is not None else None))
-        self.last = dataclasses.replace(self.last, outputs=outs, finished=True)
-        return self.last
+            raise RequestTimeoutError(
+                f"no token within --request-timeout ({limit:g}s); the server is busy or the prompt is long: "
+                "retry later or raise --request-timeout"
+            )
+        raise ServiceUnavailableError("the server is shutting down and cancelled this request; retry elsewhere")
 
     async def close(self) -> None:
         """Release everything (idempotent): abort the engine request if it still runs, record metrics."""
@@ -114,6 +93,7 @@ class Generation:
             self._pending.cancel()
             await asyncio.wait({self._pending})
         await self._gen.aclose()
+        self.state.engine.release(self.request_id, self.done)
         self.state.active.discard(self)
         end = time.monotonic()
         if self.last is not None:

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlc.server.auth import bearer_scheme
+from mlc.server.responses_doc import AUTH_RESPONSES
 
 if TYPE_CHECKING:
     from mlc.engine.llm_engine import EngineStats
@@ -123,6 +124,6 @@ router = APIRouter(tags=["metrics"], dependencies=[Security(bearer_scheme)])
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics",
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                             "description": "Prometheus text format; names start with mlc:"}})
+                             "description": "Prometheus text format; names start with mlc:"}, **AUTH_RESPONSES})
 async def metrics(request: Request):
     return Response(request.app.state.mlc.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -10,9 +10,9 @@ from mlc.server import run_request as rr
 from mlc.server.audit import audit_info
 from mlc.server.auth import bearer_scheme
 from mlc.server.params import completion_budget, resolve_context, sampling_params, stop_list
-from mlc.server.prompting import encode
+from mlc.server.prompting import encode, off_loop
 from mlc.server.responses_doc import ERROR_RESPONSES, sse_response_doc
-from mlc.server.schemas import GenerateRequest, GenerateResponse, Usage
+from mlc.server.schemas import GenerateEvent, GenerateRequest, GenerateResponse, Usage
 
 router = APIRouter(tags=["native"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
@@ -21,21 +21,21 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
 
 
-@router.post("/generate", response_model=GenerateResponse, responses=sse_response_doc(
-                 "{id, delta, tokens, finish_reason} (the last event adds text, usage, latency_ms, ttft_ms)"),
+@router.post("/generate", response_model=GenerateResponse, responses=sse_response_doc(GenerateEvent),
              summary="Generate text for a prompt")
 async def generate(body: GenerateRequest, request: Request):
+    """Rules across fields: `context_length` or `context_profile`, not both; the prompt + `max_new_tokens` fits the
+    context."""
     state = rr.get_state(request)
     info = audit_info(request.scope)
     state.require_engine()
-    prompt = encode(state, body.prompt, "prompt")
-    limits = resolve_context(state.config, state.llm.max_seq_len, body.context_length, body.context_profile)
-    budget = completion_budget(len(prompt.ids), body.max_new_tokens, limits, state.config.default_max_tokens,
-                               "max_new_tokens")
+    limits = resolve_context(state.config, state.engine.max_seq_len, body.context_length, body.context_profile)
+    prompt = await off_loop(encode, state, body.prompt, "prompt", True, limits.context)
+    budget = completion_budget(len(prompt.ids), body.max_new_tokens, limits, state.config.default_max_tokens)
     params = sampling_params({}, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p,
                              top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
                              stop=stop_list(body.stop), full_kv=body.full_kv)
-    rr.validate(state, prompt.ids, params, {})
+    rr.validate(state, prompt.ids, params, limits, {})
     rid = state.new_request_id("gen")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped
     if state.config.audit_log_content:

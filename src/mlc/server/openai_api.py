@@ -12,11 +12,12 @@ from mlc.server.errors import UnsupportedFeatureError
 from mlc.server.openai_format import (
     ChatStream, CompletionStream, chat_logprobs, completion_logprobs, sorted_outputs, usage_of,
 )
-from mlc.server.params import completion_budget, resolve_context, sampling_params, stop_list
-from mlc.server.prompting import Prompt, encode, from_ids, render
+from mlc.server.params import Limits, completion_budget, resolve_context, sampling_params, stop_list
+from mlc.server.prompting import Prompt, encode, from_ids, off_loop, render
 from mlc.server.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.schemas import (
-    AssistantMessage, ChatChoice, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice, CompletionRequest,
+    AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
+    CompletionRequest,
     CompletionResponse, ModelCard, ModelList, OpenAIRequest,
 )
 from mlc.server.state import ServerState
@@ -28,8 +29,9 @@ router = APIRouter(tags=["OpenAI-compatible"], dependencies=[Security(bearer_sch
 async def list_models(request: Request):
     state = rr.get_state(request)
     state.require_engine()
-    names = [state.model_id, *state.llm.adapter_ids]  # the base model, then its LoRA adapters
-    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.llm.max_seq_len) for n in names])
+    names = [state.model_id, *state.engine.adapter_names]  # the base model, then its LoRA adapters
+    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.engine.max_seq_len)
+                           for n in names])
 
 
 def _begin(body: OpenAIRequest, request: Request):
@@ -45,10 +47,13 @@ def _refuse_unsupported(body: OpenAIRequest) -> None:
         raise UnsupportedFeatureError("logit_bias is not supported; omit it", field="logit_bias")
 
 
-def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, max_tokens: int | None, max_field: str,
+def _limits(state: ServerState, body: OpenAIRequest) -> Limits:
+    return resolve_context(state.config, state.engine.max_seq_len, body.context_length, body.context_profile)
+
+
+def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Limits, max_tokens: int | None,
             logprobs: int | None, rename: dict[str, str]):
-    limits = resolve_context(state.config, state.llm.max_seq_len, body.context_length, body.context_profile)
-    budget = completion_budget(len(prompt.ids), max_tokens, limits, state.config.default_max_tokens, max_field)
+    budget = completion_budget(len(prompt.ids), max_tokens, limits, state.config.default_max_tokens)
     params = sampling_params(
         rename, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
         min_p=body.min_p, repetition_penalty=body.repetition_penalty, presence_penalty=body.presence_penalty,
@@ -57,23 +62,26 @@ def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, max_tokens:
         logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
         full_kv=body.full_kv,
     )
-    rr.validate(state, prompt.ids, params, rename)
+    rr.validate(state, prompt.ids, params, limits, rename)
     return params
 
 
-def _completion_prompts(state: ServerState, prompt) -> list[Prompt]:
+def _completion_prompts(state: ServerState, prompt, limit: int) -> list[Prompt]:
     if isinstance(prompt, str):
-        return [encode(state, prompt, "prompt")]
+        return [encode(state, prompt, "prompt", True, limit)]
     if prompt and isinstance(prompt[0], int):
         return [from_ids(state, prompt, "prompt")]
     if prompt and isinstance(prompt[0], str):
-        return [encode(state, p, f"prompt[{k}]") for k, p in enumerate(prompt)]
+        return [encode(state, p, f"prompt[{k}]", True, limit) for k, p in enumerate(prompt)]
     return [from_ids(state, p, f"prompt[{k}]") for k, p in enumerate(prompt)]
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=sse_response_doc("text_completion JSON"),
+@router.post("/v1/completions", response_model=CompletionResponse, responses=sse_response_doc(CompletionResponse),
              summary="Complete a prompt (or several)")
 async def completions(body: CompletionRequest, request: Request):
+    """Rules across fields: `best_of` equals `n`; `echo` and `logprobs` do not combine; a streamed request has one
+    prompt; `suffix` is null and `logit_bias` null or {}; `context_length` or `context_profile`, not both; each
+    prompt + `max_tokens` fits the context."""
     state, info, adapter_id, model_name = _begin(body, request)
     _refuse_unsupported(body)
     if body.suffix is not None:
@@ -82,12 +90,14 @@ async def completions(body: CompletionRequest, request: Request):
         raise UnsupportedFeatureError("best_of other than n is not supported", field="best_of")
     if body.echo and body.logprobs is not None:
         raise UnsupportedFeatureError("echo with logprobs (prompt logprobs) is not supported", field="echo")
-    prompts = _completion_prompts(state, body.prompt)
+    limits = _limits(state, body)
+    prompts = await off_loop(_completion_prompts, state, body.prompt, limits.context)
     if body.stream and len(prompts) > 1:
         raise UnsupportedFeatureError("stream with several prompts is not supported; send one prompt per request",
                                       field="prompt")
     rename = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
-    jobs = [(p.ids, _params(state, body, p, body.max_tokens, "max_tokens", body.logprobs, rename)) for p in prompts]
+    jobs = [(p.ids, _params(state, body, p, limits, body.max_tokens, body.logprobs, rename))
+            for p in prompts]
     rid = state.new_request_id("cmpl")
     stripped = sum(p.stripped for p in prompts)
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, sum(len(p.ids) for p in prompts), stripped
@@ -96,7 +106,7 @@ async def completions(body: CompletionRequest, request: Request):
     gens = await rr.start(state, rid, jobs, adapter_id)
     headers = rr.headers_for(rid, stripped)
     tt = state.token_text
-    echoes = [(p.text if p.text is not None else state.llm.tokenizer.decode(p.ids)) if body.echo else None
+    echoes = [(p.text if p.text is not None else state.engine.decode(p.ids, skip_special_tokens=False)) if body.echo else None
               for p in prompts]
     if body.stream:
         fmt = CompletionStream(rid, state.created_now(), model_name, tt, body.logprobs, body.n,
@@ -142,14 +152,19 @@ def _chat_checks(body: ChatCompletionRequest) -> tuple[int | None, str]:
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-             responses=sse_response_doc("chat.completion.chunk JSON"), summary="Chat, with the model's chat template")
+             responses=sse_response_doc(ChatCompletionChunk), summary="Chat, with the model's chat template")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
+    """Rules across fields: `max_tokens` and `max_completion_tokens` agree when both are given; `top_logprobs` needs
+    `logprobs: true`; `response_format` is text; `tools` null or [] and `tool_choice` null or "none"; `logit_bias`
+    null or {}; some message has text and the last user message is not empty; `context_length` or
+    `context_profile`, not both; the prompt + completion fits the context."""
     state, info, adapter_id, model_name = _begin(body, request)
     max_tokens, max_field = _chat_checks(body)
-    prompt = render(state, body.messages)
+    limits = _limits(state, body)
+    prompt = await off_loop(render, state, body.messages, True, limits.context)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     rename = {"max_new_tokens": max_field, "min_new_tokens": "min_tokens", "logprobs": "top_logprobs"}
-    params = _params(state, body, prompt, max_tokens, max_field, logprobs, rename)
+    params = _params(state, body, prompt, limits, max_tokens, logprobs, rename)
     rid = state.new_request_id("chatcmpl")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped
     if state.config.audit_log_content:

@@ -59,7 +59,7 @@ class CompletionStream:
                  include_usage: bool, echo_text: str | None = None):
         self.base = {"id": rid, "object": "text_completion", "created": created, "model": model}
         self.tt, self.logprobs, self.include_usage = tt, logprobs, include_usage
-        self.offsets = [0] * n
+        self.echoed = [False] * n
         self.finished = [False] * n
         self.echo = echo_text
 
@@ -68,16 +68,17 @@ class CompletionStream:
         for o in out.outputs:
             i = o.index
             text = o.delta_text
-            if self.echo is not None and self.offsets[i] == 0:
-                text = self.echo + text
+            echo = self.echo if self.echo is not None and not self.echoed[i] else ""
             new_finish = o.finish_reason is not None and not self.finished[i]
             lps = o.delta_logprobs or []
-            if not text and not lps and not new_finish:
+            if not text and not echo and not lps and not new_finish:
                 continue
             logprobs = None
             if self.logprobs is not None:
-                logprobs = completion_logprobs(lps, self.tt, self.logprobs > 0, self.offsets[i]).model_dump()
-            self.offsets[i] += len(text)
+                offset = len(self.echo or "") + o.delta_start  # where this delta starts in the echoed text
+                logprobs = completion_logprobs(lps, self.tt, self.logprobs > 0, offset).model_dump()
+            text = echo + text
+            self.echoed[i] = True
             self.finished[i] = self.finished[i] or new_finish
             choice = {"index": i, "text": text, "logprobs": logprobs, "finish_reason": o.finish_reason}
             chunks.append({**self.base, "choices": [choice], "usage": None})

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mlc.config.serve_config import ServeConfig
 from mlc.engine.sampling_params import SamplingParams
-from mlc.errors import ContextLengthError, InvalidRequestError, MlcError
+from mlc.errors import InvalidRequestError, MlcError
 
 
 @dataclass
@@ -43,21 +43,12 @@ def resolve_context(config: ServeConfig, engine_max: int, context_length: int | 
     return Limits(limit, source)
 
 
-def completion_budget(prompt_len: int, max_tokens: int | None, limits: Limits, default: int,
-                      max_field: str) -> int:
-    """max_new_tokens for a prompt: the asked number if it fits the context, else a 400 that says how much fits."""
-    room = limits.context - prompt_len
-    if room < 1:
-        raise ContextLengthError(
-            f"the prompt has {prompt_len} tokens but {limits.source} allows {limits.context} tokens in all; "
-            "shorten the prompt or ask for a larger context", field="prompt")
-    if max_tokens is None:
-        return min(default, room)
-    if max_tokens > room:
-        raise ContextLengthError(
-            f"prompt ({prompt_len} tokens) + {max_field} ({max_tokens}) exceeds {limits.source} of {limits.context} "
-            f"tokens; lower {max_field} to at most {room}", field=max_field)
-    return max_tokens
+def completion_budget(prompt_len: int, max_tokens: int | None, limits: Limits, default: int) -> int:
+    """max_new_tokens for a prompt: the asked number, else the server's default cut to what the context leaves (at
+    least 1, so that a prompt that fills the context meets the engine's context rule, not a max_tokens error)."""
+    if max_tokens is not None:
+        return max_tokens
+    return max(1, min(default, limits.context - prompt_len))
 
 
 def sampling_params(rename: dict[str, str], **kwargs) -> SamplingParams:

@@ -1,17 +1,29 @@
 """Prompts as the engine takes them: text through the input policy and the tokenizer, chat messages through the
-model's chat template. Tokenizing runs on the event-loop thread only (the engine thread only decodes), so the
-tokenizer is never used by two threads in a mutating way."""
+model's chat template.
+
+Tokenizing runs on one worker thread (`off_loop`), never on the event loop: a megabyte prompt takes a second to
+tokenize and /health must answer meanwhile. One thread, so the tokenizer is still never used by two threads in a
+mutating way (the engine thread only decodes). A text with more characters than the context could hold even at the
+vocabulary's longest piece per token is refused before it is tokenized at all.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
-from mlc.errors import InvalidRequestError
+from mlc.errors import ContextLengthError, InvalidRequestError
 from mlc.server.errors import UnsupportedFeatureError
 from mlc.server.schemas import ChatMessage
 from mlc.server.state import ServerState
 
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+T = TypeVar("T")
+
+_TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlc-tokenize")
 
 
 @dataclass
@@ -21,20 +33,34 @@ class Prompt:
     stripped: int = 0  # invisible characters removed by the input policy
 
 
-def encode(state: ServerState, text: str, field: str, add_special_tokens: bool = True) -> Prompt:
+async def off_loop(fn: Callable[..., T], *args) -> T:
+    """`fn(*args)` on the tokenizer thread."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, fn, *args)
+
+
+def check_chars(state: ServerState, chars: int, max_tokens: int | None, field: str) -> None:
+    """Refuse a text that cannot fit `max_tokens` tokens (None: no bound) before any tokenizing."""
+    if max_tokens is None:
+        return
+    most = max_tokens * state.token_text.longest_piece
+    if chars > most:
+        raise ContextLengthError(
+            f"{field} has {chars} characters: more than {max_tokens} tokens can hold (at most {most} characters, "
+            f"at {state.token_text.longest_piece} per token); shorten it or ask for a larger context", field=field)
+
+
+def encode(state: ServerState, text: str, field: str, add_special_tokens: bool = True,
+           max_tokens: int | None = None) -> Prompt:
     clean, stripped = state.policy.clean(text, field)
     if not clean:
         raise InvalidRequestError(f"{field} is empty" + (" once invisible characters are removed" if stripped else "")
                                   + "; send some text", field=field)
-    ids = list(state.llm.tokenizer(clean, add_special_tokens=add_special_tokens)["input_ids"])
-    return Prompt(ids, clean, stripped)
+    check_chars(state, len(clean), max_tokens, field)
+    return Prompt(state.engine.encode(clean, add_special_tokens), clean, stripped)
 
 
 def from_ids(state: ServerState, ids: list[int], field: str) -> Prompt:
-    vocab = state.llm.model.config.vocab_size
-    bad = [t for t in ids if t >= vocab]
-    if bad:
-        raise InvalidRequestError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", field=field)
+    state.engine.check_token_ids(ids, field)
     return Prompt(list(ids), None)
 
 
@@ -53,7 +79,10 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
         else:
             parts = []
             for j, part in enumerate(m.content):
-                if part.type != "text" or part.text is None:
+                if part.type == "text" and part.text is None:
+                    raise InvalidRequestError(f"{field}[{j}].text is missing; a text part needs its text",
+                                              field=f"{field}[{j}].text")
+                if part.type != "text":
                     raise UnsupportedFeatureError(
                         f"content part type {part.type!r} is not supported; this model reads text parts only",
                         field=f"{field}[{j}]")
@@ -62,14 +91,25 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
         clean, n = state.policy.clean(text, field)
         stripped += n
         out.append({"role": ROLE_ALIASES.get(m.role, m.role), "content": clean})
+    _require_text(out, stripped)
     return out, stripped
 
 
-def render(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True) -> Prompt:
-    from mlc.models.tokenizer import render_chat
+def _require_text(conversation: list[dict], stripped: int) -> None:
+    """An empty chat is a 400, as an empty prompt is: no message with text, or an empty last user message."""
+    gone = " once invisible characters are removed" if stripped else ""
+    if not any(m["content"] for m in conversation):
+        raise InvalidRequestError(f"every message's content is empty{gone}; send some text", field="messages")
+    users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
+    if users and not conversation[users[-1]]["content"]:
+        field = f"messages[{users[-1]}].content"
+        raise InvalidRequestError(f"{field} is empty{gone}; the last user message needs text", field=field)
 
+
+def render(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True,
+           max_tokens: int | None = None) -> Prompt:
     conversation, stripped = chat_messages(state, messages)
-    text = render_chat(state.llm.tokenizer, conversation, add_generation_prompt=add_generation_prompt)
-    ids = list(state.llm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    check_chars(state, sum(len(m["content"]) for m in conversation), max_tokens, "messages")
+    text, ids = state.engine.chat_prompt(conversation, add_generation_prompt)
     return Prompt(ids, text, stripped)
 

@@ -1,5 +1,9 @@
 """Run the app under uvicorn, with a graceful SIGTERM: stop admitting (503), let in-flight requests finish within
-the grace period, cancel what is left (finish_reason "abort"), then exit 0."""
+the grace period, cancel what is left (finish_reason "abort"), then exit 0.
+
+A second SIGTERM/SIGINT cuts the grace period short: in-flight requests end at once with finish_reason "abort" (a
+JSON body, or a stream's final chunk and [DONE]) and the process exits as soon as they are answered; only a third
+signal exits without answering them."""
 
 from __future__ import annotations
 
@@ -22,18 +26,27 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
         self.grace_s = grace_s
-        self._draining = False
+        self._signals = 0
 
     def handle_exit(self, sig: int, frame) -> None:
         loop = self.state.loop
-        if self._draining or loop is None:
-            # a second signal (or one before startup): stop now, as uvicorn does
-            self.force_exit = self._draining
+        if loop is None or self._signals >= 2:
+            # before startup there is nothing to drain; a third signal stops without answering in-flight requests
+            self.force_exit = self._signals >= 2
             self.should_exit = True
             return
-        self._draining = True
+        self._signals += 1
         log.info("received %s", signal.Signals(sig).name)
-        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        if self._signals == 1:
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        else:
+            loop.call_soon_threadsafe(self._abort_in_flight)
+
+    def _abort_in_flight(self) -> None:
+        """End every in-flight request now with finish_reason "abort"; the drain then sees none left and exits."""
+        log.warning("second signal: aborting %d request(s) in flight", len(self.state.active))
+        for g in list(self.state.active):
+            g.stop("abort")
 
     async def _drain(self) -> None:
         try:

@@ -16,7 +16,7 @@ from mlc.server.audit import AuditInfo, audit_info
 from mlc.server.errors import ClientDisconnected, error_body
 from mlc.server.generation import Generation
 from mlc.server.input_policy import STRIPPED_HEADER
-from mlc.server.params import rename_field
+from mlc.server.params import Limits, rename_field
 from mlc.server.state import ServerState
 from mlc.server.streaming import DONE, SSEResponse, sse, until_disconnect
 
@@ -34,10 +34,12 @@ def headers_for(request_id: str, stripped: int) -> dict[str, str]:
     return {"x-request-id": request_id, STRIPPED_HEADER: str(stripped)}
 
 
-def validate(state: ServerState, ids: list[int], params: SamplingParams, rename: dict[str, str]) -> None:
-    """The engine's own checks (vocabulary, context, KV capacity), as a 4xx before anything starts."""
+def validate(state: ServerState, ids: list[int], params: SamplingParams, limits: Limits,
+             rename: dict[str, str]) -> None:
+    """The engine's checks (vocabulary, the request's context bound, KV capacity), once, as a 4xx before anything
+    starts; the engine then takes the request as validated."""
     try:
-        state.llm.validate(ids, params)
+        state.engine.validate(ids, params, limits.context, f"{limits.source} of {limits.context} tokens")
     except MlcError as e:
         raise rename_field(e, rename) from None
 

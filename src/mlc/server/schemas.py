@@ -8,14 +8,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_SEED = 2**63 - 1
+MAX_TOKENS = 2**20  # no served model has a longer context; the real bound is the server's (/v1/models max_model_len)
+MAX_VOCAB = 2**20  # bounds top_k in the schema; the server checks it against the model's vocabulary
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def only(schema: dict, why: str):
+    """Document the one value the server accepts for an OpenAI field it parses only to refuse with a clear 400."""
+    return WithJsonSchema({**schema, "description": why})
 
 
 StopField = Annotated[
@@ -27,9 +34,14 @@ TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int | None, Field(None, ge=0, le=MAX_SEED, description="Same seed, same request: same output.")]
 ContextLength = Annotated[int | None, Field(
-    None, ge=1, description="mlc: bound prompt + completion to this many tokens (at most the server's limit).")]
+    None, ge=1, le=MAX_TOKENS, description="mlc: bound prompt + completion to this many tokens (at most the server's "
+    "limit). Not together with context_profile.")]
 ContextProfile = Annotated[str | None, Field(
-    None, max_length=64, description="mlc: a named context limit configured on the server (e.g. qa, legal).")]
+    None, max_length=64, description="mlc: a named context limit configured on the server (e.g. qa, legal). Not "
+    "together with context_length.")]
+TopK = Annotated[int, Field(ge=-1, le=MAX_VOCAB, description="mlc: keep the k most likely tokens; 0 or -1 is off. "
+                            "At most the model's vocabulary size.")]
+TokenId = Annotated[int, Field(ge=0, description="Below the model's vocabulary size (checked by the server).")]
 
 
 # -- errors, usage ---------------------------------------------------------------------------------------------
@@ -60,12 +72,13 @@ class StreamOptions(Strict):
 class EngineExtensions(Strict):
     """Sampling options beyond OpenAI's (vLLM names), plus the context bound."""
 
-    top_k: int = Field(0, ge=-1, description="mlc: keep the k most likely tokens; 0 or -1 is off.")
+    top_k: TopK = 0
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=64)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="At most the completion's length (max_tokens).")
+    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=64,
+                                          description="Token ids that end generation, each below the vocabulary size.")
     include_stop_str_in_output: bool = False
     full_kv: FullKV = False
     context_length: ContextLength
@@ -74,11 +87,15 @@ class EngineExtensions(Strict):
 
 # -- native API (/generate, the reference tutorial's) -------------------------------------------------------------
 class GenerateRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"prompt": "The capital of France is", "max_new_tokens": 8, "temperature": 0}]})
+
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    max_new_tokens: int | None = Field(None, ge=1, description="Default: the server's default_max_tokens.")
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description=(
+        "Default: the server's default_max_tokens. Prompt + max_new_tokens must fit the context."))
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    top_k: int = Field(0, ge=-1)
+    top_k: TopK = 0
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     stop: StopField
     seed: Seed
@@ -99,6 +116,19 @@ class GenerateResponse(BaseModel):
     stripped_chars: int = Field(0, description="Invisible characters removed from the prompt.")
 
 
+class GenerateEvent(BaseModel):
+    """One server-sent event of /generate with `stream: true`; the last one adds text, usage and timings."""
+
+    id: str
+    delta: str
+    tokens: list[int]
+    finish_reason: str | None = None
+    text: str | None = None
+    usage: Usage | None = None
+    ttft_ms: float | None = None
+    latency_ms: float | None = None
+
+
 # -- OpenAI-compatible -----------------------------------------------------------------------------------------------
 class OpenAIRequest(EngineExtensions):
     model: str | None = Field(None, description="The served model id (see /v1/models); default: that one.")
@@ -111,55 +141,93 @@ class OpenAIRequest(EngineExtensions):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     seed: Seed
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported; only null or {} is accepted.")
+    logit_bias: Annotated[dict[str, float] | None, only(
+        {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
+        "Not supported; only null or {} is accepted.")] = None
     user: str | None = Field(None, max_length=256)
 
 
+TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+
+
+PromptText = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+
+
 class CompletionRequest(OpenAIRequest):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0},
+        {"prompt": ["The sky is", "Two plus two is"], "max_tokens": 4, "logprobs": 2}]})
+
     prompt: (
-        Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
-        | Annotated[list[Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]], Field(min_length=1, max_length=64)]
-        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-        | Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
-                    Field(min_length=1, max_length=64)]
-    )
-    max_tokens: int | None = Field(None, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1, max_length=64)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=64)]
+    ) = Field(description="A string, a list of strings, a list of token ids or a list of lists of token ids (each "
+                          "below the vocabulary size); text must not be empty once invisible characters are "
+                          "removed. Several prompts cannot be streamed.")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Prompt + max_tokens must fit the context.")
+    logprobs: int | None = Field(None, ge=0, le=20, description="Not together with echo.")
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=64, description="Only best_of == n is supported.")
-    suffix: str | None = Field(None, description="Not supported; only null is accepted.")
+    suffix: Annotated[str | None, only({"type": "null"}, "Not supported; only null is accepted.")] = None
 
 
 class ContentPart(Strict):
-    type: str
-    text: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    model_config = ConfigDict(json_schema_extra={"required": ["type", "text"]})
+
+    type: Annotated[str, only({"const": "text"}, "Only text parts: this model reads text.")]
+    text: Annotated[str | None, WithJsonSchema({"type": "string", "maxLength": MAX_PROMPT_CHARS})] = Field(
+        None, max_length=MAX_PROMPT_CHARS)
     image_url: Any = None
     input_audio: Any = None
     file: Any = None
 
 
+def _content_required(schema: dict) -> None:
+    """The server needs text in every message (tool calls are not supported), so the schema says so."""
+    schema["required"] = [*schema.get("required", []), "content"]
+    content = schema["properties"]["content"]
+    content.pop("default", None)
+    content["anyOf"] = [s for s in content["anyOf"] if s.get("type") != "null"]
+
+
 class ChatMessage(Strict):
+    model_config = ConfigDict(json_schema_extra=_content_required)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart] | None = None
+    content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart] | None = Field(None, description=(
+        "Text, or parts of type text. Some message needs text, and the last user message must not be empty."))
     name: str | None = Field(None, max_length=256)
-    tool_calls: list[Any] | None = None
+    tool_calls: Annotated[list[Any] | None, only({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
+                                                 "Not supported; only null or [] is accepted.")] = None
     tool_call_id: str | None = None
 
 
 class ResponseFormat(Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Annotated[Literal["text", "json_object", "json_schema"], only(
+        {"const": "text"}, "Only text for now: there is no constrained (JSON) decoding.")]
     json_schema: Any = None
 
 
 class ChatCompletionRequest(OpenAIRequest):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"messages": [{"role": "user", "content": "Say hello in French."}], "max_tokens": 8},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+         "max_completion_tokens": 4, "stream": True}]})
+
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI; max_completion_tokens wins.")
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description=(
+        "Deprecated by OpenAI: send max_completion_tokens. If both are given they must be equal."))
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description=(
+        "Prompt + completion must fit the context."))
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")
     response_format: ResponseFormat | None = Field(None, description="Only {\"type\": \"text\"} for now.")
-    tools: list[Any] | None = Field(None, description="Not supported; only null or [] is accepted.")
-    tool_choice: Any = Field(None, description="Not supported; only null or \"none\" is accepted.")
+    tools: Annotated[list[Any] | None, only({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
+                                            "Not supported; only null or [] is accepted.")] = None
+    tool_choice: Annotated[Any, only({"anyOf": [{"const": "none"}, {"type": "null"}]},
+                                     "Not supported; only null or \"none\" is accepted.")] = None
     parallel_tool_calls: bool | None = None
 
 
@@ -259,9 +327,16 @@ class ModelList(BaseModel):
 
 # -- tokenize -----------------------------------------------------------------------------------------------------
 class TokenizeRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+        "examples": [{"prompt": "Hello world", "return_token_strs": True},
+                     {"messages": [{"role": "user", "content": "Hi"}]}]})
+
     model: str | None = None
-    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description="Give prompt or messages.")
-    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024)
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
+                               description="Give prompt or messages, not both.")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024,
+                                               description="Give prompt or messages, not both.")
     add_special_tokens: bool = Field(True, description="For prompt: add the tokenizer's BOS etc.")
     add_generation_prompt: bool = Field(True, description="For messages: end with the assistant header.")
     return_token_strs: bool = False
@@ -276,8 +351,10 @@ class TokenizeResponse(BaseModel):
 
 
 class DetokenizeRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"tokens": [19556, 905]}]})
+
     model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+    tokens: list[TokenId] = Field(max_length=1_000_000)
 
 
 class DetokenizeResponse(BaseModel):

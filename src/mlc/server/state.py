@@ -16,9 +16,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlc.config.serve_config import ServeConfig
-from mlc.errors import MlcError
+from mlc.errors import MlcError, RequestTooLargeError
 from mlc.server.audit import AuditLog
-from mlc.errors import RequestTooLargeError
 from mlc.server.errors import QueueFullError, ServiceUnavailableError
 from mlc.server.hooks import HookRunner, HooksConfig
 from mlc.server.input_policy import InputPolicy
@@ -49,7 +48,6 @@ class ServerState:
         self.status = LOADING
         self.error: str | None = None
         self.exit_code = 0
-        self.llm: LLMEngine | None = None
         self.engine: AsyncEngine | None = None
         self.token_text: TokenText | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -95,9 +93,9 @@ class ServerState:
     def _ready(self, llm: LLMEngine) -> None:
         from mlc.engine.async_engine import AsyncEngine
 
-        self.llm = llm
-        self.token_text = TokenText(llm.tokenizer)
-        self.engine = AsyncEngine(llm)
+        self.engine = AsyncEngine(llm, served_name=self.model_id)
+        self.token_text = TokenText(self.engine.tokenizer)
+        self.engine.on_dead = lambda err: self._fail(err.message, 1)  # exit non-zero: a supervisor restarts us
         self.engine.start(self.loop)
         self.metrics.watch_engine(self.stats, self.waiting, llm.config.page_size)
         if self.status == LOADING:
@@ -156,19 +154,16 @@ class ServerState:
                 f"the server queue is full ({self.waiting()} requests waiting, --max-queue "
                 f"{self.config.max_queue}); retry after {retry}s", retry_after=retry)
 
-    def in_flight(self) -> int:
-        return sum(g.weight for g in self.active)
-
     def waiting(self) -> int:
-        """Sequences in flight beyond what the running batch holds."""
-        return max(0, self.in_flight() - self.config.engine.max_batch_size)
+        """Sequences admitted and not yet running, as the engine counts them."""
+        return self.engine.num_waiting() if self.engine is not None else 0
 
     def note_latency(self, seconds: float) -> None:
         self._mean_latency = 0.8 * self._mean_latency + 0.2 * seconds
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats | None:
-        return self.llm.stats() if self.llm is not None else None
+        return self.engine.stats() if self.engine is not None else None
 
     @staticmethod
     def created_now() -> int:
@@ -179,11 +174,4 @@ class ServerState:
 
     def check_model(self, model: str | None) -> int:
         """The adapter id a request's `model` selects: 0 for the base model, else a served LoRA adapter's."""
-        from mlc.errors import ModelNotFoundError
-
-        if model is None or model == self.model_id:
-            return 0
-        if model in self.llm.adapter_ids:
-            return self.llm.adapter_ids[model]
-        served = ", ".join([self.model_id, *self.llm.adapter_ids])
-        raise ModelNotFoundError(f"this server serves {served}, not {model!r}; see GET /v1/models", field="model")
+        return self.engine.adapter_id(model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 
 class TokenText:
@@ -12,3 +12,10 @@ class TokenText:
 
     def _decode(self, token_id: int) -> str:
         return self._tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    @cached_property
+    def longest_piece(self) -> int:
+        """Characters in the longest vocabulary entry: a text of N characters needs at least N / this many tokens.
+
+        Byte-level pieces count bytes (at least one per character) and SentencePiece's one-for-one, so it bounds."""
+        return max(8, max(len(piece) for piece in self._tokenizer.get_vocab()))

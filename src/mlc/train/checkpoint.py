@@ -2,8 +2,10 @@
 
 Layout: `output_dir/checkpoints/step-000050/` with adapter_config.json + adapter_model.safetensors (PEFT format,
 so a checkpoint is also a usable adapter), optimizer.pt, scheduler.pt, scaler.pt, rng-rank{N}.pt and
-trainer_state.json. Each is written into a hidden temp dir that is renamed into place only when complete, so a
-`kill -9` at any moment leaves either the old set of checkpoints or the new one, never a half-written one.
+trainer_state.json, and checkpoint_manifest.json (size + sha256 of every other file). Each is written into a hidden
+temp dir that is renamed into place only when complete, so a `kill -9` at any moment leaves either the old set of
+checkpoints or the new one, never a half-written one. A checkpoint damaged later (disk, copy, a stray edit) is found
+by `checkpoint_problem` at resume, which then falls back to the one before.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlc.errors import TrainingError
+from mlc.errors import IntegrityError, TrainingError
+from mlc.models.integrity import check_files, sha256_file
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "checkpoint_manifest.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+REQUIRED_FILES = ("adapter_config.json", ADAPTER_WEIGHTS, "optimizer.pt", "scheduler.pt", STATE_FILE)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -110,15 +116,72 @@ def finish_save(tmp: Path, step: int, peft_model, optimizer, scheduler, scaler, 
     if scaler is not None:
         torch.save(scaler.state_dict(), tmp / "scaler.pt")
     (tmp / STATE_FILE).write_text(json.dumps(state, indent=2, ensure_ascii=False), encoding="utf-8")
+    _write_manifest(tmp)
     _fsync_tree(tmp)
     final = tmp.parent / step_dir_name(step)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     _fsync_dir(final.parent)
-    for old in list_checkpoints(final.parent.parent)[:-keep]:
+    found = list_checkpoints(final.parent.parent)
+    # Checkpoints past this step were skipped as unusable at resume; this run's own saves supersede them.
+    newer = [p for p in found if step_of(p) > step]
+    for old in newer + [p for p in found if p not in newer][:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def step_of(path: Path) -> int:
+    return int(_STEP_DIR.match(path.name).group(1))
+
+
+def _write_manifest(tmp: Path) -> None:
+    files = {f.name: {"size": f.stat().st_size, "sha256": sha256_file(f)}
+             for f in sorted(tmp.iterdir()) if f.is_file() and f.name != MANIFEST_FILE}
+    (tmp / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=2), encoding="utf-8")
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why resuming from `path` would fail (a file missing, truncated or unreadable), or None when it is whole.
+    With a manifest: every file's size and sha256; older checkpoints without one: every file is loaded once."""
+    missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing"
+    if (path / MANIFEST_FILE).is_file():
+        return _manifest_problem(path)
+    return _load_problem(path)
+
+
+def _manifest_problem(path: Path) -> str | None:
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+        problems = check_files(path, manifest["files"], full=True)
+    except (OSError, ValueError, KeyError, TypeError, IntegrityError) as e:
+        return f"{MANIFEST_FILE} is unreadable ({e})"
+    return "; ".join(problems) or None
+
+
+def _load_problem(path: Path) -> str | None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt") as handle:
+            if not list(handle.keys()):
+                return f"{ADAPTER_WEIGHTS} holds no tensors"
+    except (SafetensorError, OSError) as e:
+        return f"{ADAPTER_WEIGHTS} is truncated or corrupt ({e})"
+    for name in ("adapter_config.json", STATE_FILE):
+        try:
+            if not isinstance(json.loads((path / name).read_text(encoding="utf-8")), dict):
+                return f"{name} is not a JSON object"
+        except (OSError, ValueError) as e:
+            return f"{name} is unreadable ({e})"
+    for f in sorted(path.glob("*.pt")):
+        try:
+            torch.load(f, weights_only=True)
+        except Exception as e:  # torch.load raises EOFError, RuntimeError, OSError, UnpicklingError... for bad files
+            return f"{f.name} is truncated or corrupt ({type(e).__name__}: {str(e)[:120] or 'empty file'})"
+    return None
 
 
 def read_state(path: Path) -> dict:
@@ -131,6 +194,7 @@ def read_state(path: Path) -> dict:
 def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: int) -> dict:
     """Restore everything saved by `finish_save`; RNG last, after model building has drawn its random numbers."""
     from peft import set_peft_model_state_dict
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
@@ -148,6 +212,6 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: 
                 f"checkpoint {path} has no RNG state for rank {rank}; resume with the --nproc it was saved with"
             )
         set_rng_state(torch.load(rng_file, weights_only=True))
-    except (OSError, RuntimeError, ValueError, KeyError) as e:
+    except (OSError, RuntimeError, ValueError, KeyError, EOFError, SafetensorError) as e:
         raise TrainingError(f"checkpoint {path} could not be restored ({e}); delete it to resume from an older one") from None
     return read_state(path)

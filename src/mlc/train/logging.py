@@ -63,6 +63,14 @@ class TrainLog:
         return [r for r in self.read() if "eval_loss" in r]
 
 
+def warn(text: str) -> None:
+    """One yellow line on stderr, shown even with --quiet (a fallback or a fresh start the user must know about)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[yellow]warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 class ConsoleReporter:
     """A rich progress bar on a terminal; plain lines every `log_every` steps otherwise (CI logs, pipes)."""
 

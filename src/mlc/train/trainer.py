@@ -32,7 +32,7 @@ from mlc.train.data import StepPlan, batches_for, collate, load_rows, target_cou
 from mlc.train.distributed import (
     DistInfo, all_reduce_sum, barrier, device_for_rank, init_distributed, shutdown,
 )
-from mlc.train.logging import ConsoleReporter, TrainLog
+from mlc.train.logging import ConsoleReporter, TrainLog, warn
 from mlc.train.model import attach_lora, compute_dtype, load_base_model, loss_sum, trainable_parameters
 from mlc.train.plot import plot_loss
 from mlc.train.preprocess import PreprocessOptions, pad_token_id
@@ -165,14 +165,44 @@ class LoRATrainer:
                 "Use a new output_dir, or pass --fresh to start this one over"
             )
 
+    def _usable_checkpoint(self) -> Path | None:
+        """The newest whole checkpoint: rank 0 checks them newest first, says which it skipped and why, and every
+        rank takes its choice."""
+        found = ckpt.list_checkpoints(self.out)
+        chosen, skipped = None, []
+        if self.dist.is_main:
+            for path in reversed(found):
+                problem = ckpt.checkpoint_problem(path)
+                if problem is None:
+                    chosen = path
+                    break
+                skipped.append((path, problem))
+            for path, problem in skipped:
+                then = f"resuming from {chosen.name} instead" if chosen else "no older checkpoint is usable"
+                warn(f"checkpoint {path} skipped: {problem}; {then}")
+        # Every rank must resume from the same step: rank 0's choice as step + 1 (0: none), summed over ranks.
+        code = torch.tensor([ckpt.step_of(chosen) + 1 if chosen else 0], dtype=torch.float64)
+        step = int(all_reduce_sum(code, self.dist).item()) - 1
+        if step >= 0:
+            return ckpt.checkpoint_root(self.out) / ckpt.step_dir_name(step)
+        if found and self.opts.resume == "always":
+            raise TrainingError(
+                f"--resume: none of the {len(found)} checkpoint(s) in {ckpt.checkpoint_root(self.out)} is usable "
+                "(the reasons are printed above); pass --fresh to start over"
+            )
+        if found and self.dist.is_main:
+            warn(f"no usable checkpoint in {ckpt.checkpoint_root(self.out)} ({len(found)} skipped, see above): "
+                 "STARTING OVER FROM STEP 0; the damaged ones are deleted as this run saves its own")
+        return None
+
     def _restore(self) -> int:
-        """The step to start from (0 without a checkpoint)."""
-        latest = ckpt.latest_checkpoint(self.out) if self.opts.resume != "never" else None
+        """The step to start from (0 without a usable checkpoint)."""
         if self.opts.resume == "never" and ckpt.latest_checkpoint(self.out) is not None:
             raise ConfigError(
                 f"{self.out} already has checkpoints; pass --resume to continue, --fresh to start over, "
                 "or choose a new output_dir"
             )
+        latest = self._usable_checkpoint() if self.opts.resume != "never" else None
         if latest is None:
             if self.opts.resume == "always":
                 raise ConfigError(f"--resume: {self.out} has no complete checkpoint to resume from")
@@ -184,7 +214,7 @@ class LoRATrainer:
         ckpt.load_checkpoint(latest, self.peft_model, self.optimizer, self.scheduler, self.scaler, self.dist.rank)
         self.skipped, self.consecutive_bad = state["skipped_steps"], state["consecutive_bad_steps"]
         self.eval_before = state.get("eval_loss_before")
-        self.resumed_from = state["step"]
+        self.resumed_from, self.resumed_path = state["step"], latest
         if self.dist.is_main:
             self.log.truncate_after(state["step"])
         barrier(self.dist)
@@ -344,7 +374,7 @@ class LoRATrainer:
         if self.reporter_note:
             reporter.note(f"[yellow]{self.reporter_note}[/]")
         if self.resumed_from is not None:
-            reporter.note(f"resuming from step {self.resumed_from} ({ckpt.latest_checkpoint(self.out)})")
+            reporter.note(f"resuming from step {self.resumed_from} ({self.resumed_path})")
         try:
             if self.start_step == 0:
                 self.eval_before = self.evaluate()

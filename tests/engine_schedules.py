@@ -1,0 +1,189 @@
+"""Randomized engine schedules on the tiny random Llama, checked against invariants.
+
+A schedule is a random engine configuration (page size, a KV pool small enough to preempt, token budget, chunked
+prefill, prefix caching, sparse KV, batch size) and a random stream of requests (shared prefixes, `n`, stop strings
+and stop ids, max_new_tokens 1..64, prompt logprobs, logprobs, seeds, penalties, a LoRA adapter) that arrive and are
+aborted at random steps. After every step the engine's state must audit clean; at the end:
+
+- every request ended exactly once (one finished output, nothing after it), or was refused at admission;
+- no page leaked, and both queues are empty;
+- every deterministic request (greedy, or seeded) that was not aborted produced exactly what it produces alone on
+  a fresh engine (dense schedules; on sparse ones, requests with `full_kv`), prompt logprobs included;
+- the `n` samples of a sampled request (seeded or not) differ: each draws from its own generator.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from mlc.config.engine_config import SparseKVConfig
+from mlc.engine.kv_cache import KVCache
+from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.recovery import audit
+from mlc.engine.sampling_params import SamplingParams
+from mlc.errors import InvalidRequestError
+
+
+@dataclass
+class PlannedRequest:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    adapter_id: int
+    arrive_step: int
+    abort_step: int | None
+
+
+@dataclass
+class Outcome:
+    outputs: list = field(default_factory=list)
+    refused: bool = False
+    aborted: bool = False
+
+
+def random_params(rng: random.Random, vocab: int) -> SamplingParams:
+    greedy = rng.random() < 0.5
+    kw = dict(max_new_tokens=rng.randint(1, 64), temperature=0.0 if greedy else rng.choice([0.5, 1.0, 1.5]),
+              n=rng.choice([1, 1, 1, 2, 3]))
+    if not greedy and rng.random() < 0.6:
+        kw["seed"] = rng.randint(0, 10**6)
+    if not greedy and rng.random() < 0.3:
+        kw.update(top_k=rng.choice([0, 5, 50]), top_p=rng.choice([1.0, 0.9]), min_p=rng.choice([0.0, 0.05]))
+    if rng.random() < 0.2:
+        kw.update(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.3)
+    if rng.random() < 0.2:
+        kw["stop"] = [rng.choice(["e", "th", "!", "o,"])]
+    if rng.random() < 0.15:
+        kw["stop_token_ids"] = [rng.randrange(vocab)]
+    if rng.random() < 0.2:
+        kw["prompt_logprobs"] = True
+    if rng.random() < 0.25:
+        kw["logprobs"] = rng.choice([0, 2])
+    if rng.random() < 0.2:
+        kw["min_new_tokens"] = min(kw["max_new_tokens"], rng.randint(0, 4))
+    if rng.random() < 0.3:
+        kw["ignore_eos"] = True
+    if rng.random() < 0.2:
+        kw["full_kv"] = True
+    return SamplingParams(**kw)
+
+
+def random_requests(rng: random.Random, vocab: int, num_adapters: int) -> list[PlannedRequest]:
+    prefixes = [[rng.randrange(vocab) for _ in range(rng.randint(8, 40))] for _ in range(2)]
+    reqs = []
+    for i in range(rng.randint(2, 10)):
+        suffix = [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+        prompt = (rng.choice(prefixes) + suffix) if rng.random() < 0.5 else suffix
+        abort = rng.randint(0, 40) if rng.random() < 0.15 else None
+        adapter = rng.randint(0, num_adapters) if rng.random() < 0.3 else 0
+        reqs.append(PlannedRequest(f"r{i}", prompt, random_params(rng, vocab), adapter, rng.randint(0, 12), abort))
+    return reqs
+
+
+def random_engine(rng: random.Random, base: LLMEngine) -> LLMEngine:
+    page = rng.choice([4, 8, 16])
+    per_token = KVCache.bytes_per_token_for(base.model.kv_cache_spec(), base.kv_cache.dtype)
+    sparse = None
+    if rng.random() < 0.25:
+        sparse = SparseKVConfig(window=16, ratio=rng.choice([0.25, 0.5]), min_context=rng.choice([24, 48]),
+                                sink_tokens=2)
+    engine = LLMEngine(
+        base.config, model=base.model, tokenizer=base.tokenizer, lora_adapters={}, page_size=page,
+        kv_cache_memory=rng.randint(24, 96) * page * per_token, max_batch_size=rng.randint(1, 8),
+        max_num_batched_tokens=rng.choice([16, 32, 64, 512]), enable_chunked_prefill=rng.random() < 0.7,
+        enable_prefix_caching=rng.random() < 0.7, sparse_kv=sparse, seed=rng.randrange(100),
+    )
+    engine.adapters, engine.adapter_ids = base.adapters, base.adapter_ids  # already attached to the shared model
+    return engine
+
+
+def run_schedule(engine: LLMEngine, reqs: list[PlannedRequest], max_steps: int = 5000) -> dict[str, Outcome]:
+    outcomes = {r.rid: Outcome() for r in reqs}
+    step = 0
+    while step < max_steps:
+        for r in reqs:
+            if r.arrive_step == step:
+                try:
+                    engine.add_request(r.rid, r.prompt, r.params, r.adapter_id)
+                except InvalidRequestError:
+                    outcomes[r.rid].refused = True
+            if r.abort_step == step and r.rid in engine.requests:
+                outcomes[r.rid].aborted = True
+                outcomes[r.rid].outputs.append(engine.abort(r.rid))
+        for out in engine.step():
+            outcomes[out.request_id].outputs.append(out)
+        problems = audit(engine)
+        assert not problems, f"step {step}: {problems}"
+        step += 1
+        if step > max(r.arrive_step for r in reqs) and not engine.has_unfinished():
+            break
+    assert not engine.has_unfinished(), f"requests still running after {max_steps} steps"
+    return outcomes
+
+
+def alone(reference: LLMEngine, r: PlannedRequest, cache: dict) -> object:
+    key = (tuple(r.prompt), repr(r.params), r.adapter_id)
+    if key not in cache:
+        reference.add_request(f"alone-{len(cache)}", r.prompt, r.params, r.adapter_id)
+        final = None
+        while reference.has_unfinished():
+            for out in reference.step():
+                final = out
+        cache[key] = final
+    return cache[key]
+
+
+def check_outcomes(engine: LLMEngine, reqs: list[PlannedRequest], outcomes: dict[str, Outcome],
+                   reference: LLMEngine, cache: dict) -> int:
+    """Assert the invariants; returns how many requests were compared against their run alone."""
+    bm = engine.block_manager
+    assert bm.num_free_pages == bm.usable_pages, "pages leaked"
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    compared = 0
+    for r in reqs:
+        o = outcomes[r.rid]
+        if o.refused:
+            assert not o.outputs
+            continue
+        finished = [i for i, out in enumerate(o.outputs) if out is not None and out.finished]
+        assert len(finished) == 1 and finished[0] == len(o.outputs) - 1, f"{r.rid} ended {len(finished)} times"
+        final = o.outputs[-1]
+        assert sorted(c.index for c in final.outputs) == list(range(len(final.outputs)))
+        assert o.aborted or len(final.outputs) == r.params.n
+        for c in final.outputs:
+            assert c.finish_reason in ("stop", "length", "abort")
+            assert len(c.token_ids) <= r.params.max_new_tokens
+        if r.params.prompt_logprobs and not o.aborted:
+            assert len(final.prompt_logprobs) == len(r.prompt) - 1
+        deterministic = r.params.greedy or r.params.seed is not None
+        dense = engine.sparse is None or r.params.full_kv
+        if deterministic and dense and not o.aborted:
+            ref = alone(reference, r, cache)
+            got = sorted((c.index, c.token_ids) for c in final.outputs)
+            assert got == sorted((c.index, c.token_ids) for c in ref.outputs), f"{r.rid} differs from alone"
+            if r.params.prompt_logprobs:
+                assert max((abs(a - b) for a, b in zip(final.prompt_logprobs, ref.prompt_logprobs)), default=0) < 1e-4
+            compared += 1
+        long_samples = [c.token_ids for c in final.outputs if len(c.token_ids) >= 8]
+        if not r.params.greedy and r.params.temperature >= 1.0 and len(long_samples) >= 2 and not r.params.stop:
+            assert len({tuple(t) for t in long_samples}) > 1, f"{r.rid}: the n samples are identical"
+    return compared
+
+
+def sweep(base: LLMEngine, reference: LLMEngine, seeds: range) -> dict[str, int]:
+    cache: dict = {}
+    totals = {"schedules": 0, "requests": 0, "compared_alone": 0, "preemptions": 0, "aborted": 0, "refused": 0}
+    vocab = base.model.config.vocab_size
+    for seed in seeds:
+        rng = random.Random(seed)
+        engine = random_engine(rng, base)
+        reqs = random_requests(rng, vocab, len(base.adapter_ids))
+        outcomes = run_schedule(engine, reqs)
+        totals["compared_alone"] += check_outcomes(engine, reqs, outcomes, reference, cache)
+        totals["schedules"] += 1
+        totals["requests"] += len(reqs)
+        totals["preemptions"] += engine.scheduler.num_preemptions
+        totals["aborted"] += sum(o.aborted for o in outcomes.values())
+        totals["refused"] += sum(o.refused for o in outcomes.values())
+    return totals

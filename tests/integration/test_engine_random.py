@@ -1,0 +1,52 @@
+"""Hundreds of random engine schedules on a tiny random model, checked against invariants (tests/engine_schedules.py);
+a wider seed sweep runs with the slow tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_schedules import sweep
+from mlc.config.engine_config import EngineConfig
+from mlc.engine.llm_engine import LLMEngine
+from tiny_llama import build_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """One tiny model with one LoRA adapter attached; a roomy reference engine runs each request alone."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("random-engine")
+    base_dir = build_tiny_llama(root / "base")
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32),
+                          LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+    peft.save_pretrained(str(root / "adapter"))
+    base = LLMEngine(EngineConfig(model=str(base_dir)), kv_cache_memory="4MiB", lora_adapters={"a1": str(root / "adapter")})
+    reference = LLMEngine(base.config, model=base.model, tokenizer=base.tokenizer, lora_adapters={},
+                          max_batch_size=8, enable_prefix_caching=False)
+    reference.adapters, reference.adapter_ids = base.adapters, base.adapter_ids
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a 32-wide model: one thread is 3x faster than two fighting over tiny matmuls
+    yield base, reference
+    torch.set_num_threads(threads)
+
+
+def test_random_schedules_keep_every_invariant(engines):
+    totals = sweep(*engines, range(200))
+    print("random engine schedules:", totals)
+    assert totals["schedules"] == 200 and totals["compared_alone"] > 200
+    assert totals["preemptions"] > 0 and totals["aborted"] > 0  # the sweep reaches the hard paths
+
+
+@pytest.mark.slow
+def test_random_schedules_wide_sweep(engines):
+    totals = sweep(*engines, range(1000, 2000))
+    print("random engine schedules (slow sweep):", totals)
+    assert totals["schedules"] == 1000
