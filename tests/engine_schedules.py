@@ -137,7 +137,7 @@ def alone(reference: LLMEngine, r: PlannedRequest, cache: dict) -> object:
 def check_outcomes(engine: LLMEngine, reqs: list[PlannedRequest], outcomes: dict[str, Outcome],
                    reference: LLMEngine, cache: dict) -> int:
     """Assert the invariants; returns how many requests were compared against their run alone."""
-    bm = engine.block_manager
+    bm = engine.page_manager
     assert bm.num_free_pages == bm.usable_pages, "pages leaked"
     assert not engine.scheduler.running and not engine.scheduler.waiting
     compared = 0

@@ -107,3 +107,33 @@ class EngineDeadError(MlcError):
 
     http_status = 503
     error_type = "engine_error"
+
+
+class ServiceUnavailableError(MlcError):
+    """The server cannot take requests right now: the model is loading, or the server is shutting down."""
+
+    http_status = 503
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFullError(CapacityError):
+    error_type = "queue_full"
+
+    def __init__(self, message: str, *, retry_after: int = 1):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestTimeoutError(MlcError):
+    """The request ran past --request-timeout before producing any token."""
+
+    http_status = 504
+    error_type = "timeout"
+
+
+class UnsupportedFeatureError(InvalidRequestError):
+    error_type = "unsupported_feature"

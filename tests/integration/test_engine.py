@@ -41,7 +41,7 @@ def batched(base, prompts):
 
 
 def assert_no_leak(llm: LLM) -> None:
-    bm = llm.engine.block_manager
+    bm = llm.engine.page_manager
     assert bm.num_free_pages == bm.usable_pages
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
@@ -83,7 +83,7 @@ def test_preemption_under_a_small_page_budget_gives_the_same_tokens(base, prompt
 def test_prefix_cache_hits_on_the_second_run(base, prompts, batched):
     cached = engine_like(base, enable_prefix_caching=True)
     first = cached.generate(prompts[:8], GREEDY)
-    hits_before = cached.engine.block_manager.prefix_hits
+    hits_before = cached.engine.page_manager.prefix_hits
     second = cached.generate(prompts[:8], GREEDY)
     stats = cached.engine.stats()
     assert hits_before == 0 or hits_before < stats.prefix_cache_hits
@@ -114,7 +114,7 @@ def test_abort_frees_pages_at_once(base, prompts):
         llm.engine.add_request(f"r{i}", prompts[i], GREEDY)
     for _ in range(3):
         llm.engine.step()
-    assert llm.engine.block_manager.num_free_pages < llm.engine.block_manager.usable_pages
+    assert llm.engine.page_manager.num_free_pages < llm.engine.page_manager.usable_pages
     for i in range(6):
         out = llm.engine.abort(f"r{i}")
         assert out.finished and out.outputs[0].finish_reason == "abort"

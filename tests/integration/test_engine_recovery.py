@@ -48,7 +48,7 @@ def run_all(engine: LLMEngine, prompts: dict[str, list[int]], params=GREEDY) -> 
             if out.finished:
                 finals[out.request_id] = out
     assert recovery.audit(engine) == []
-    assert engine.block_manager.num_free_pages == engine.block_manager.usable_pages
+    assert engine.page_manager.num_free_pages == engine.page_manager.usable_pages
     return finals
 
 
@@ -88,7 +88,7 @@ def test_a_whole_step_failing_ends_its_requests_and_the_engine_goes_on(base, cle
 
 def test_corrupted_accounting_is_rebuilt_and_sequences_recomputed(base, clean):
     engine = fresh(base)
-    bm = engine.block_manager
+    bm = engine.page_manager
 
     def corrupt(scheduled):
         if any(POISON in s.seq.prompt_ids for s in scheduled):

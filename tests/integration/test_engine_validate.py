@@ -50,6 +50,6 @@ def test_the_context_bound_names_the_field_and_how_much_fits(engine):
 
 
 def test_a_request_larger_than_the_cache_is_refused(engine):
-    pages = engine.block_manager.usable_pages
+    pages = engine.page_manager.usable_pages
     err = refused(engine, [1] * 16, SamplingParams(max_new_tokens=pages * 16))
     assert isinstance(err, RequestTooLargeError) and "raise --kv-cache-memory" in err.message

@@ -30,7 +30,7 @@ def engine_like(base, **overrides) -> LLM:
 
 
 def assert_no_leak(llm: LLM) -> None:
-    bm = llm.engine.block_manager
+    bm = llm.engine.page_manager
     assert bm.num_free_pages == bm.usable_pages
     assert not llm.engine.scheduler.running and not llm.engine.scheduler.waiting
 
@@ -110,10 +110,10 @@ def test_sparse_kv_compacts_and_frees_pages_without_leaks(base, long_prompts):
         engine.step()
         for seq in engine.scheduler.running:
             assert seq.num_cache_entries <= SPARSE.min_context or seq.num_cache_entries < seq.num_cached
-            assert len(seq.block_table) == engine.block_manager.pages_for(seq.num_cache_entries)
-        most_held = max(most_held, engine.block_manager.usable_pages - engine.block_manager.num_free_pages)
+            assert len(seq.page_table) == engine.page_manager.pages_for(seq.num_cache_entries)
+        most_held = max(most_held, engine.page_manager.usable_pages - engine.page_manager.num_free_pages)
     assert engine.sparse.num_compactions >= len(long_prompts) and engine.sparse.pages_freed > 0
-    dense_pages = sum(engine.block_manager.pages_for(len(p) + NEW) for p in long_prompts)
+    dense_pages = sum(engine.page_manager.pages_for(len(p) + NEW) for p in long_prompts)
     assert most_held < dense_pages
     assert_no_leak(llm)
 
@@ -127,7 +127,7 @@ def test_a_preempted_compacted_sequence_is_recomputed_from_its_tokens(base, long
         engine.step()
     before = list(seq.output_ids)
     engine.scheduler.preempt(seq)  # what running out of pages does: pages freed, back to the queue
-    assert seq.kv_positions is None and seq.num_cached == 0 and not seq.block_table
+    assert seq.kv_positions is None and seq.num_cached == 0 and not seq.page_table
     outs = []
     while engine.has_unfinished():
         outs += engine.step()

@@ -84,7 +84,7 @@ def test_base_and_adapters_batch_together(llm):
                 done[out.request_id] = out.outputs[0].token_ids
     for (p_i, a), tokens in alone.items():
         assert done[f"mix-{p_i}-{a}"] == tokens, (p_i, a)
-    bm = llm.engine.block_manager
+    bm = llm.engine.page_manager
     assert bm.num_free_pages == bm.usable_pages
 
 

@@ -1,5 +1,5 @@
 """The scheduler on fake sequences: admission, the token budget, chunked prefill, preemption, and the updates after
-a step (advance, fork, postprocess, finish), with a real BlockManager whose accounting is audited after each step."""
+a step (advance, fork, postprocess, finish), with a real PageManager whose accounting is audited after each step."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mlc.engine.block_manager import BlockManager
+from mlc.engine.page_manager import PageManager
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from mlc.engine.sequence import FinishReason, Sequence, Status, TokenLogprob
@@ -26,7 +26,7 @@ def make_seq(prompt_len: int, max_new: int = 16, max_len: int | None = None, arr
 
 
 def make_sched(num_pages=64, page_size=4, prefix=True, **kw) -> Scheduler:
-    return Scheduler(BlockManager(num_pages, page_size, enable_prefix_caching=prefix), eos_token_ids={EOS}, **kw)
+    return Scheduler(PageManager(num_pages, page_size, enable_prefix_caching=prefix), eos_token_ids={EOS}, **kw)
 
 
 def live(sched: Scheduler) -> list[Sequence]:
@@ -37,9 +37,9 @@ def check(sched: Scheduler, extra: list[Sequence] = ()) -> None:
     """Queues and pages are consistent (waiting sequences hold no pages)."""
     seqs = live(sched) + list(extra)
     assert sched.audit(seqs) == []
-    assert sched.bm.audit(seqs) == []
+    assert sched.pages.audit(seqs) == []
     for s in sched.waiting:
-        assert s.block_table == [] and s.status is Status.WAITING
+        assert s.page_table == [] and s.status is Status.WAITING
     for s in sched.running:
         assert s.status is Status.RUNNING
 
@@ -64,8 +64,8 @@ def drain(sched: Scheduler, max_steps: int = 500) -> None:
         out, _ = step(sched)
         assert out.scheduled or out.preempted, "no progress"
     assert not sched.running and not sched.waiting
-    assert sched.bm.num_free_pages == sched.bm.usable_pages  # no page leaked
-    assert sched.bm.audit([]) == []
+    assert sched.pages.num_free_pages == sched.pages.usable_pages  # no page leaked
+    assert sched.pages.audit([]) == []
 
 
 # -- admission ---------------------------------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def test_admission_is_fifo_and_bounded_by_max_batch_size():
     out, due = step(sched)
     assert plan(out) == [(a.seq_id, 5), (b.seq_id, 5)]
     assert sched.running == [a, b] and list(sched.waiting) == [c]
-    assert due == [a, b] and c.block_table == []
+    assert due == [a, b] and c.page_table == []
     sched.finish(a, FinishReason.ABORT)
     out, _ = step(sched)
     assert plan(out) == [(b.seq_id, 1), (c.seq_id, 5)]  # the running decode first, then the admitted prompt
@@ -110,12 +110,12 @@ def test_admission_keeps_a_reserve_for_running_sequences():
     a = make_seq(3, max_new=4)  # one page
     sched.add(a)
     step(sched)
-    assert sched.bm.num_free_pages == 3
+    assert sched.pages.num_free_pages == 3
     b = make_seq(12, max_new=4)  # three pages: would leave none for `a` to grow into
     sched.add(b)
     out, _ = step(sched)
     assert [s.seq for s in out.scheduled] == [a] and list(sched.waiting) == [b]
-    assert b.block_table == [] and sched.bm.num_free_pages == 3
+    assert b.page_table == [] and sched.pages.num_free_pages == 3
     sched.finish(a, FinishReason.ABORT)
     out, _ = step(sched)  # nothing running: no reserve needed
     assert plan(out) == [(b.seq_id, 12)]
@@ -124,7 +124,7 @@ def test_admission_keeps_a_reserve_for_running_sequences():
     whole = make_seq(16)  # the entire pool, admitted because nothing else runs
     sched2.add(whole)
     out = sched2.schedule()
-    assert plan(out) == [(whole.seq_id, 16)] and sched2.bm.num_free_pages == 0
+    assert plan(out) == [(whole.seq_id, 16)] and sched2.pages.num_free_pages == 0
     sched2.finish(whole, FinishReason.ABORT)
     drain(sched)
     drain(sched2)
@@ -200,7 +200,7 @@ def test_non_chunked_prompt_larger_than_the_remaining_budget_waits():
     sched.add(b)
     out, _ = step(sched)
     assert plan(out) == [(a.seq_id, 1)]  # b would need 10 of the 7 left: it waits whole, holding no pages
-    assert list(sched.waiting) == [b] and b.block_table == [] and b.num_cached == 0
+    assert list(sched.waiting) == [b] and b.page_table == [] and b.num_cached == 0
     c = make_seq(7)  # behind b in the queue
     sched.add(c)
     out, _ = step(sched)
@@ -231,7 +231,7 @@ def _three_full_pages(prefix=False):
     for s in seqs:
         sched.add(s)
     out, due = step(sched)
-    assert due == seqs and sched.bm.num_free_pages == 1
+    assert due == seqs and sched.pages.num_free_pages == 1
     return sched, seqs
 
 
@@ -245,7 +245,7 @@ def test_the_newest_running_sequence_is_preempted_when_pages_run_out():
     assert due == [a, b]
     assert sched.running == [a, b]
     assert list(sched.waiting) == [c, d]  # the preempted sequence goes first
-    assert c.status is Status.WAITING and c.block_table == [] and c.num_cached == 0
+    assert c.status is Status.WAITING and c.page_table == [] and c.num_cached == 0
     assert c.output_ids == [TOKEN]  # it keeps its tokens and recomputes them
     assert c.num_preemptions == 1 and sched.num_preemptions == 1
     assert a.num_preemptions == b.num_preemptions == 0
@@ -340,8 +340,8 @@ def test_advance_makes_full_prompt_pages_findable_by_later_prompts():
     out, _ = step(sched)
     assert plan(out) == [(a.seq_id, 1), (b.seq_id, 1)]  # two full pages from the cache, the last token recomputed
     assert b.num_prefix_hit == 8
-    assert b.block_table[:2] == a.block_table[:2]
-    assert all(sched.bm.ref[p] == 2 for p in a.block_table[:2])
+    assert b.page_table[:2] == a.page_table[:2]
+    assert all(sched.pages.ref[p] == 2 for p in a.page_table[:2])
     drain(sched)
 
 
@@ -352,27 +352,27 @@ def test_fork_children_share_the_parents_pages_and_join_the_batch():
     sched.add(parent)
     out = sched.schedule()
     assert sched.advance(out.scheduled, {}, now=2.0) == [parent]
-    pages = list(parent.block_table)
+    pages = list(parent.page_table)
     children = sched.fork(parent, 2)
     assert [c.sample_index for c in children] == [1, 2]
     for c in children:
         assert c.request_id == parent.request_id and c.prompt_ids == parent.prompt_ids
         assert c.params is parent.params and c.max_len == parent.max_len
         assert c.arrival_time == parent.arrival_time and c.first_scheduled_time == 2.0
-        assert c.block_table == pages and c.status is Status.RUNNING
+        assert c.page_table == pages and c.status is Status.RUNNING
         assert c.num_cached == c.num_cache_entries == 6
         assert c.generator is not None
     assert sched.running == [parent, *children]
-    assert all(sched.bm.ref[p] == 3 for p in pages)
+    assert all(sched.pages.ref[p] == 3 for p in pages)
     check(sched)
     sched.postprocess([parent, *children], [(10, None), (11, None), (12, None)], now=2.0)
     out = sched.schedule()  # all three write into the shared, half-full last page: copy on write
     assert plan(out) == [(s.seq_id, 1) for s in (parent, *children)]
     assert len(out.copies) == 2
     assert all(c.src == pages[-1] and c.num_entries == 2 for c in out.copies)
-    last = [s.block_table[-1] for s in (parent, *children)]
+    last = [s.page_table[-1] for s in (parent, *children)]
     assert len(set(last)) == 3
-    assert all(s.block_table[0] == pages[0] for s in (parent, *children)) and sched.bm.ref[pages[0]] == 3
+    assert all(s.page_table[0] == pages[0] for s in (parent, *children)) and sched.pages.ref[pages[0]] == 3
     sched.advance(out.scheduled, {}, now=3.0)
     check(sched)
     sched.postprocess([parent, *children], [(TOKEN, None)] * 3, now=3.0)
@@ -420,16 +420,16 @@ def test_postprocess_ends_sequences(params, token, reason):
     sched = make_sched()
     kw = dict(params)
     s = _decoding(sched, max_new=kw.pop("max_new_tokens", 16), **kw)
-    pages = list(s.block_table)
+    pages = list(s.page_table)
     sched.postprocess([s], [(token, None)], now=1.0)
     assert s.output_ids == [token]  # the stopping token is part of the output
     assert s.finish_reason is reason
     if reason is None:
-        assert s.status is Status.RUNNING and s in sched.running and s.block_table == pages
+        assert s.status is Status.RUNNING and s in sched.running and s.page_table == pages
         sched.finish(s, FinishReason.ABORT)
     else:
         assert s.status is Status.FINISHED and s.is_finished
-        assert s not in sched.running and s.block_table == [] and s.num_cached == 0
+        assert s not in sched.running and s.page_table == [] and s.num_cached == 0
     drain(sched)
 
 
@@ -461,11 +461,11 @@ def test_finish_reasons_serialize_as_their_values():
 def test_finish_a_running_sequence_frees_its_pages():
     sched = make_sched()
     s = _decoding(sched)
-    assert s.block_table
+    assert s.page_table
     sched.finish(s, FinishReason.ABORT)
     assert s.status is Status.FINISHED and s.finish_reason is FinishReason.ABORT
-    assert s not in sched.running and s.block_table == []
-    assert sched.bm.num_free_pages == sched.bm.usable_pages
+    assert s not in sched.running and s.page_table == []
+    assert sched.pages.num_free_pages == sched.pages.usable_pages
     check(sched)
 
 
@@ -486,10 +486,10 @@ def test_finish_without_a_reason_releases_a_sequence_that_already_ended():
     s.finish(FinishReason.STOP)  # ended elsewhere (a stop string), still queued and holding pages
     sched.finish(s)
     assert s.finish_reason is FinishReason.STOP
-    assert s not in sched.running and s.block_table == []
-    assert sched.bm.num_free_pages == sched.bm.usable_pages
+    assert s not in sched.running and s.page_table == []
+    assert sched.pages.num_free_pages == sched.pages.usable_pages
     sched.finish(s)  # releasing twice is harmless
-    assert sched.bm.audit([]) == [] and sched.audit([]) == []
+    assert sched.pages.audit([]) == [] and sched.audit([]) == []
 
 
 def test_finish_leaves_sibling_samples_alone():
@@ -497,7 +497,7 @@ def test_finish_leaves_sibling_samples_alone():
     parent = _decoding(sched, n=2)
     (child,) = sched.fork(parent, 1)
     sched.finish(parent, FinishReason.ABORT)
-    assert sched.running == [child] and child.block_table and not child.is_finished
+    assert sched.running == [child] and child.page_table and not child.is_finished
     check(sched)
     sched.postprocess([child], [(TOKEN, None)], now=1.0)
     drain(sched)
@@ -551,13 +551,13 @@ def test_requeue_all_puts_exactly_the_given_sequences_back_in_arrival_order():
     sched.postprocess([first, *children], [(TOKEN, None)] * 2, now=1.0)
     check(sched)
     gone = third  # e.g. its request failed; the caller does not hand it back
-    sched.bm.reset()
+    sched.pages.reset()
     keep = [second, children[0], first]
     sched.requeue_all(keep)
     assert sched.running == []
     assert list(sched.waiting) == [first, children[0], second]  # (arrival, sample index)
     for s in keep:
-        assert s.status is Status.WAITING and s.block_table == [] and s.page_hashes == []
+        assert s.status is Status.WAITING and s.page_table == [] and s.page_hashes == []
         assert s.num_cached == s.num_cache_entries == 0
     assert gone not in sched.waiting
     assert first.output_ids == [TOKEN]  # tokens survive: they are recomputed

@@ -7,10 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from mlc.errors import AuthError, ContextLengthError, InvalidRequestError
-from mlc.server.errors import (
-    QueueFullError, ServiceUnavailableError, describe_validation_error, is_json, mlc_error_response, unreadable_body,
-)
+from mlc.errors import AuthError, ContextLengthError, InvalidRequestError, QueueFullError, ServiceUnavailableError
+from mlc.server.errors import describe_validation_error, is_json, mlc_error_response, unreadable_body
 from mlc.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlc.config.engine_config import SparseKVConfig
-from mlc.engine.block_manager import BlockManager
+from mlc.engine.page_manager import PageManager
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.sampling_params import SamplingParams
@@ -28,7 +28,7 @@ def new_seq(n: int, **params) -> Sequence:
 
 
 def slots_of(seq: Sequence, entries: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(seq.block_table)
+    table = torch.tensor(seq.page_table)
     return table[entries // PS] * PS + entries % PS
 
 
@@ -38,7 +38,7 @@ class Fixture:
 
     def __init__(self, dtype=torch.float32, num_pages: int = 64, prefix_caching: bool = False, cfg=CFG):
         self.cache = KVCache(SPEC, num_pages, PS, dtype)
-        self.bm = BlockManager(num_pages, PS, prefix_caching)
+        self.bm = PageManager(num_pages, PS, prefix_caching)
         self.sparse = SparseKV(cfg, self.bm, self.cache)
         gen = torch.Generator().manual_seed(0)
         self.values = {
@@ -106,8 +106,8 @@ def test_compaction_frees_pages_and_keeps_sinks_window_and_positions():
         freed = fx.feed(seq, 200)
         assert freed > 0 and fx.sparse.num_compactions >= 2
         assert seq.num_cached == 200 and seq.num_cache_entries < 200 - 3 * 32
-        assert len(seq.block_table) == fx.bm.pages_for(seq.num_cache_entries)
-        assert fx.bm.num_free_pages == free_before - len(seq.block_table)
+        assert len(seq.page_table) == fx.bm.pages_for(seq.num_cache_entries)
+        assert fx.bm.num_free_pages == free_before - len(seq.page_table)
         positions = fx.assert_entries_exact(seq)  # every kept entry bit-identical, at its original position
         assert positions[:2] == [0, 1]
         assert positions[-CFG.window:] == list(range(200 - CFG.window, 200))
@@ -122,11 +122,11 @@ def test_pages_shared_with_a_fork_are_left_alone():
     parent, child = new_seq(200), new_seq(200)
     fx.feed(parent, 30, chunk=30)  # below min_context: dense, 7 full pages and 2 entries in an 8th
     fx.bm.fork(parent, child)
-    shared = list(parent.block_table)
+    shared = list(parent.page_table)
     before = {p: fx.cache.layers[0]["k"].data[p * PS : (p + 1) * PS].clone() for p in shared}
     fx.feed(parent, 120)
     assert fx.sparse.num_compactions > 0 and parent.num_cache_entries < 100
-    assert parent.block_table[:7] == shared[:7]  # the partly filled 8th was copied on write, as always
+    assert parent.page_table[:7] == shared[:7]  # the partly filled 8th was copied on write, as always
     for p in shared:
         assert torch.equal(fx.cache.layers[0]["k"].data[p * PS : (p + 1) * PS], before[p])
     assert entry_positions(parent)[:28].tolist() == list(range(28))  # shared pages are not thinned
@@ -140,7 +140,7 @@ def test_rewritten_pages_leave_the_prefix_cache():
     fx = Fixture(prefix_caching=True)
     seq = new_seq(200)
     fx.feed(seq, 32, chunk=32)
-    assert set(fx.bm.page_key) == set(seq.block_table)  # a dense prompt: every full page is findable
+    assert set(fx.bm.page_key) == set(seq.page_table)  # a dense prompt: every full page is findable
     fx.feed(seq, 100)
     assert fx.sparse.num_compactions > 0
     # compaction rewrites from entry 2 (after the sinks), so from the first page on nothing is findable any more,
@@ -155,7 +155,7 @@ def test_rewritten_pages_leave_the_prefix_cache():
 def test_admission_bound_covers_the_peak_of_a_growing_sequence():
     for ratio in (0.1, 0.25, 0.5):
         cfg = SparseKVConfig(window=32, ratio=ratio, min_context=64, sink_tokens=4)
-        bm = BlockManager(400, PS, False)
+        bm = PageManager(400, PS, False)
         sparse = SparseKV(cfg, bm, None)  # pages only
         seq = new_seq(1000)
         peak = 0
@@ -173,7 +173,7 @@ def test_admission_bound_covers_the_peak_of_a_growing_sequence():
 
 def test_low_ratio_warns_and_full_kv_requests_are_skipped(caplog):
     with caplog.at_level(logging.WARNING, logger="mlc.engine"):
-        SparseKV(SparseKVConfig(ratio=0.1), BlockManager(8, PS), None)
+        SparseKV(SparseKVConfig(ratio=0.1), PageManager(8, PS), None)
     assert "ratio 0.1" in caplog.text
     fx = Fixture()
     seq = new_seq(200, full_kv=True)
@@ -218,7 +218,7 @@ def tiny_model(request, tmp_path_factory):
 def masked_decode(model, cache, seq, token: int, visible: torch.Tensor) -> torch.Tensor:
     """The reference: one decode step over the full cache, attending only to `visible` entries (and itself)."""
     ctx = seq.num_cache_entries + 1
-    meta = build_attention_metadata([1], [ctx], [seq.block_table], PS)
+    meta = build_attention_metadata([1], [ctx], [seq.page_table], PS)
     group = meta.groups[0]
     group.mask = group.mask & torch.cat((visible, torch.ones(ctx - len(visible), dtype=torch.bool)))
     hidden = model(torch.tensor([token]), torch.tensor([seq.num_cached]), meta, cache.layers)
@@ -234,7 +234,7 @@ def test_next_token_logits_after_compaction_equal_attending_only_the_kept_tokens
     spec = tiny_model.kv_cache_spec()
     runs = []
     for _ in range(2):
-        cache, bm = KVCache(spec, 64, PS, dtype), BlockManager(64, PS, False)
+        cache, bm = KVCache(spec, 64, PS, dtype), PageManager(64, PS, False)
         seq = Sequence("r", prompt, SamplingParams())
         bm.grow(seq, 90)
         logits = ModelRunner(tiny_model, cache).run([ScheduledSeq(seq, 90)]).logits

@@ -1,7 +1,7 @@
 """`bench kv`: what each KV-cache dtype and sparse-KV ratio costs and saves on one model, all from one run.
 
 For every (dtype, ratio): KV bytes per token (per layer and total, from the stores themselves), how many sequences
-of `capacity_context` tokens fit in a fixed budget (the engine's own page plan, BlockManager and sparse policy,
+of `capacity_context` tokens fit in a fixed budget (the engine's own page plan, PageManager and sparse policy,
 sequences grown chunk by chunk), batch-1 decode tok/s right after the long text (so at its full context, where the
 cache's read cost shows), and quality against fp32 full KV through the engine (mlc.bench.quality): perplexity of
 the long text with chunked prefill, greedy agreement, needle retrieval. One model load serves every configuration.
@@ -130,7 +130,7 @@ def capacity(spec, dtype, plan: KVBenchPlan, ratio: float) -> tuple[int, int]:
     engine's page plan and allocator; each sequence grows `chunk` tokens a step and is compacted between steps."""
     import torch
 
-    from mlc.engine.block_manager import BlockManager
+    from mlc.engine.page_manager import PageManager
     from mlc.engine.kv_cache import KVCache
     from mlc.engine.memory import plan_cache
     from mlc.engine.sampling_params import SamplingParams
@@ -141,17 +141,17 @@ def capacity(spec, dtype, plan: KVBenchPlan, ratio: float) -> tuple[int, int]:
     pages = plan_cache(bpt, plan.page_size, plan.budget_bytes, 0.5, torch.device("cpu"), 1, plan.capacity_context)
     if pages.num_pages < 2:
         return 0, plan.capacity_context
-    bm = BlockManager(pages.num_pages, plan.page_size, enable_prefix_caching=False)
+    pm = PageManager(pages.num_pages, plan.page_size, enable_prefix_caching=False)
     cfg = plan.sparse(ratio)
-    sparse = SparseKV(cfg, bm, None) if cfg else None
+    sparse = SparseKV(cfg, pm, None) if cfg else None
     fitted, entries = 0, plan.capacity_context
     while True:
         seq = Sequence("capacity", [0] * plan.capacity_context, SamplingParams())
         while seq.num_cached < plan.capacity_context:
             k = min(plan.chunk, plan.capacity_context - seq.num_cached)
-            if not bm.can_grow(seq, seq.num_cache_entries + k):
+            if not pm.can_grow(seq, seq.num_cache_entries + k):
                 return fitted, entries
-            bm.grow(seq, seq.num_cache_entries + k)
+            pm.grow(seq, seq.num_cache_entries + k)
             seq.num_cached += k
             seq.num_cache_entries += k
             if sparse:

@@ -1,1 +1,1 @@
-"""Engine layer: sequences, block manager, scheduler, KV cache, model runner, sampler, LLM and AsyncEngine."""
+"""Engine layer: sequences, page manager, scheduler, KV cache, model runner, sampler, LLM and AsyncEngine."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mlc.config.engine_config import EngineConfig
-from mlc.engine.block_manager import BlockManager
+from mlc.engine.page_manager import PageManager
 from mlc.engine.detokenizer import IncrementalDetokenizer
 from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
 from mlc.engine.memory import CachePlan, plan_cache
@@ -112,13 +112,13 @@ class LLMEngine:
                 f"({self.cache_plan.bytes_per_page} bytes each); raise --kv-cache-memory"
             )
         self.kv_cache = KVCache(spec, self.cache_plan.num_pages, config.page_size, cache_dtype, model.device)
-        self.block_manager = BlockManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
+        self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
         self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv
-        self.sparse = SparseKV(sparse, self.block_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
+        self.sparse = SparseKV(sparse, self.page_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.scheduler = Scheduler(
-            self.block_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
+            self.page_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
             self.eos_ids, self.sparse,
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
@@ -230,10 +230,10 @@ class LLMEngine:
         entries = len(ids) + params.max_new_tokens
         if self.sparse is not None and not params.full_kv:
             entries = self.sparse.policy.max_entries(entries, self.config.max_num_batched_tokens)
-        need = self.block_manager.pages_for(entries)
-        if need > self.block_manager.usable_pages:
+        need = self.page_manager.pages_for(entries)
+        if need > self.page_manager.usable_pages:
             raise RequestTooLargeError(
-                f"this request needs {need} KV pages but the cache holds {self.block_manager.usable_pages}; "
+                f"this request needs {need} KV pages but the cache holds {self.page_manager.usable_pages}; "
                 "raise --kv-cache-memory or shorten the request",
                 field="max_new_tokens",
             )
@@ -368,11 +368,11 @@ class LLMEngine:
         return RequestOutput(req.request_id, req.prompt_ids, outs, req.finished, metrics, prompt_lp)
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
+        pm = self.page_manager
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=bm.usage(), num_free_pages=bm.num_free_pages, num_pages=bm.usable_pages,
-            prefix_cache_queries=bm.prefix_queries, prefix_cache_hits=bm.prefix_hits,
+            kv_cache_usage=pm.usage(), num_free_pages=pm.num_free_pages, num_pages=pm.usable_pages,
+            prefix_cache_queries=pm.prefix_queries, prefix_cache_hits=pm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens,
         )

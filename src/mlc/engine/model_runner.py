@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mlc.engine.block_manager import PageCopy
+from mlc.engine.page_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
 from mlc.layers.attention import build_attention_metadata
@@ -77,7 +77,7 @@ class ModelRunner:
             positions += range(seq.num_cached, seq.num_cached + k)
             qlens.append(k)
             ctx.append(seq.num_cache_entries + k)
-            tables.append(seq.block_table)
+            tables.append(seq.page_table)
         meta = build_attention_metadata(qlens, ctx, tables, self.kv_cache.page_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(positions, dtype=torch.long, device=self.device)

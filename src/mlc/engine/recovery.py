@@ -30,12 +30,12 @@ def live_sequences(engine: LLMEngine) -> list:
 def audit(engine: LLMEngine) -> list[str]:
     """Every inconsistency between requests, queues and pages; empty when the engine is sound."""
     live = live_sequences(engine)
-    return engine.scheduler.audit(live) + engine.block_manager.audit(live)
+    return engine.scheduler.audit(live) + engine.page_manager.audit(live)
 
 
 def rebuild(engine: LLMEngine) -> None:
     """Forget all pages and the prefix cache; every live sequence waits to be recomputed from its tokens."""
-    engine.block_manager.reset()
+    engine.page_manager.reset()
     engine.kv_cache.clear_null_page()
     engine.scheduler.requeue_all(live_sequences(engine))
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
-from mlc.engine.block_manager import BlockManager, PageCopy
+from mlc.engine.page_manager import PageManager, PageCopy
 from mlc.engine.sequence import FinishReason, Sequence, Status, TokenLogprob
 
 if TYPE_CHECKING:
@@ -49,14 +49,14 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(
         self,
-        block_manager: BlockManager,
+        page_manager: PageManager,
         max_batch_size: int = 8,
         max_num_batched_tokens: int = 512,
         enable_chunked_prefill: bool = True,
         eos_token_ids: set[int] | None = None,
         sparse: SparseKV | None = None,
     ):
-        self.bm = block_manager
+        self.pages = page_manager
         self.eos_token_ids = set(eos_token_ids or ())
         self.sparse = sparse
         self.max_batch_size = max_batch_size
@@ -89,7 +89,7 @@ class Scheduler:
                 continue
             if not self._make_room(seq, k, chosen, out):
                 continue
-            out.copies += self.bm.grow(seq, seq.num_cache_entries + k)
+            out.copies += self.pages.grow(seq, seq.num_cache_entries + k)
             out.scheduled.append(ScheduledSeq(seq, k))
             chosen.add(seq.seq_id)
             budget -= k
@@ -104,7 +104,7 @@ class Scheduler:
         return need if need <= budget or not batch_nonempty else 0
 
     def _make_room(self, seq: Sequence, k: int, chosen: set[int], out: SchedulerOutput) -> bool:
-        while not self.bm.can_grow(seq, seq.num_cache_entries + k):
+        while not self.pages.can_grow(seq, seq.num_cache_entries + k):
             victims = [s for s in self.running if s.seq_id not in chosen and s is not seq]
             victim = victims[-1] if victims else seq
             self.preempt(victim)
@@ -116,14 +116,14 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
-            if not seq.block_table:
-                self.bm.match_prefix(seq)
+            if not seq.page_table:
+                self.pages.match_prefix(seq)
             k = self._chunk(seq, budget, bool(out.scheduled))
             if k == 0 or not self._fits(seq, seq.num_cache_entries + k):
-                self.bm.free(seq)  # let go of prefix pages it matched; it retries next step
+                self.pages.free(seq)  # let go of prefix pages it matched; it retries next step
                 break
             self.waiting.popleft()
-            out.copies += self.bm.grow(seq, seq.num_cache_entries + k)
+            out.copies += self.pages.grow(seq, seq.num_cache_entries + k)
             seq.status = Status.RUNNING
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, k))
@@ -131,16 +131,16 @@ class Scheduler:
 
     def _fits(self, seq: Sequence, num_entries: int) -> bool:
         """Admission keeps a small reserve of pages so running sequences can keep decoding."""
-        if not self.bm.can_grow(seq, num_entries):
+        if not self.pages.can_grow(seq, num_entries):
             return False
         if not self.running:
             return True
-        need = self.bm.pages_for(num_entries) - len(seq.block_table)
-        reserve = min(len(self.running), max(1, self.bm.usable_pages // 100))
-        return need + reserve <= self.bm.num_free_pages
+        need = self.pages.pages_for(num_entries) - len(seq.page_table)
+        reserve = min(len(self.running), max(1, self.pages.usable_pages // 100))
+        return need + reserve <= self.pages.num_free_pages
 
     def preempt(self, seq: Sequence) -> None:
-        self.bm.free(seq)
+        self.pages.free(seq)
         self.running.remove(seq)
         seq.status = Status.WAITING
         seq.num_preemptions += 1
@@ -169,7 +169,7 @@ class Scheduler:
         self.waiting = deque(sorted(seqs, key=lambda s: (s.arrival_time, s.sample_index)))
         for seq in self.waiting:
             seq.status = Status.WAITING
-            seq.block_table, seq.page_hashes, seq.kv_positions = [], [], None
+            seq.page_table, seq.page_hashes, seq.kv_positions = [], [], None
             seq.num_cached = seq.num_cache_entries = 0
 
     def finish(self, seq: Sequence, reason: FinishReason | None = None) -> None:
@@ -180,7 +180,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.bm.free(seq)
+        self.pages.free(seq)
 
     def advance(self, scheduled: list[ScheduledSeq], prompt_logprobs: dict[int, list[float]],
                 now: float) -> list[Sequence]:
@@ -193,7 +193,7 @@ class Scheduler:
             seq.num_cached += item.num_tokens
             seq.num_cache_entries += item.num_tokens
             seq.prompt_logprobs += prompt_logprobs.get(seq.seq_id, [])
-            self.bm.register_full_pages(seq)
+            self.pages.register_full_pages(seq)
         return due
 
     def fork(self, parent: Sequence, num: int) -> list[Sequence]:
@@ -203,7 +203,7 @@ class Scheduler:
             child = Sequence(parent.request_id, parent.prompt_ids, parent.params, adapter_id=parent.adapter_id,
                              sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time)
             child.first_scheduled_time = parent.first_scheduled_time
-            self.bm.fork(parent, child)
+            self.pages.fork(parent, child)
             self.add_running(child)
             children.append(child)
         return children

@@ -52,7 +52,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[float] = field(default_factory=list)  # for prompt tokens 1.. (token 0 has none)
     status: Status = Status.WAITING
-    block_table: list[int] = field(default_factory=list)
+    page_table: list[int] = field(default_factory=list)
     page_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of the full pages computed so far
     num_cached: int = 0  # tokens whose KV is in the cache (cache entries == tokens; sparse KV may compact)
     num_cache_entries: int = 0  # entries this sequence holds in its pages (== num_cached without sparse KV)

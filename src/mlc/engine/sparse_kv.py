@@ -10,7 +10,7 @@ cache order, so the remaining entries keep their original positions.
 Pages another sequence also holds (a prefix-cache hit still held by its first owner, the n samples of one prompt)
 are left alone: compaction starts after the last shared page. Copying them first would give every sharer its own
 compacted copy, which for n samples can cost more than the one shared full copy. A page only this sequence holds
-but the prefix cache knows is dropped from the prefix cache before it is rewritten (`BlockManager.unregister_from`).
+but the prefix cache knows is dropped from the prefix cache before it is rewritten (`PageManager.unregister_from`).
 
 Compaction runs between steps, and only when it drops at least `min_free_pages` pages' worth of entries (window /
 8 pages, at least 1), so the window is moved once per that many pages rather than every token. A preempted
@@ -28,7 +28,7 @@ from fractions import Fraction
 import torch
 
 from mlc.config.engine_config import SparseKVConfig
-from mlc.engine.block_manager import BlockManager
+from mlc.engine.page_manager import PageManager
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.sequence import Sequence
 
@@ -94,9 +94,9 @@ class SparseKV:
     """Applies the policy to running sequences: moves entries in every cache tensor and releases freed pages.
     With `kv_cache=None` only the pages are accounted (capacity planning with the real allocator)."""
 
-    def __init__(self, cfg: SparseKVConfig, block_manager: BlockManager, kv_cache: KVCache | None):
-        self.policy = SparseKVPolicy(cfg, block_manager.page_size)
-        self.bm, self.kv_cache = block_manager, kv_cache
+    def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: KVCache | None):
+        self.policy = SparseKVPolicy(cfg, page_manager.page_size)
+        self.pages, self.kv_cache = page_manager, kv_cache
         self.pages_freed = 0
         self.num_compactions = 0
         if cfg.ratio < LOW_RATIO:
@@ -112,18 +112,18 @@ class SparseKV:
         return sum(self.compact_one(s) for s in seqs if self.applies(s))
 
     def compact_one(self, seq: Sequence) -> int:
-        ps = self.bm.page_size
+        ps = self.pages.page_size
         positions = entry_positions(seq)
-        first_mutable = self.bm.num_shared_pages(seq) * ps
+        first_mutable = self.pages.num_shared_pages(seq) * ps
         kept = self.policy.plan(positions, seq.num_cached, first_mutable)
         if kept is None:
             return 0
         dst = torch.arange(len(kept))
         moved = kept != dst
         src, dst = kept[moved], dst[moved]
-        self.bm.unregister_from(seq, int(dst[0]) // ps)
+        self.pages.unregister_from(seq, int(dst[0]) // ps)
         if self.kv_cache is not None:
-            table = torch.tensor(seq.block_table, dtype=torch.long)
+            table = torch.tensor(seq.page_table, dtype=torch.long)
             device = next(iter(self.kv_cache.layers[0].values())).data.device
             src_slots = (table[src // ps] * ps + src % ps).to(device)
             dst_slots = (table[dst // ps] * ps + dst % ps).to(device)
@@ -131,7 +131,7 @@ class SparseKV:
                 for store in layer.values():
                     store.copy_slots(src_slots, dst_slots)
         seq.kv_positions = positions[kept]
-        freed = self.bm.shrink(seq, len(kept))
+        freed = self.pages.shrink(seq, len(kept))
         self.pages_freed += freed
         self.num_compactions += 1
         return freed

@@ -14,6 +14,7 @@ This module is the one place a CUDA/NPU paged-attention kernel would replace.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 import torch
@@ -22,9 +23,17 @@ import torch.nn.functional as F
 from mlc.layers.kv_store import LayerCache
 
 
+class GroupKind(str, enum.Enum):
+    """How a group of sequences attends this step (see the module docstring)."""
+
+    FRESH = "fresh"
+    DECODE = "decode"
+    CHUNK = "chunk"
+
+
 @dataclass
 class AttentionGroup:
-    kind: str  # "fresh" | "decode" | "chunk"
+    kind: GroupKind
     tokens: torch.Tensor | slice  # flat query rows of this group
     batch: int
     query_len: int
@@ -54,19 +63,19 @@ class AttentionMetadata:
         return [s + q - 1 for s, q in zip(self.query_start, self.query_lens)]
 
 
-def _slots_for(block_table: torch.Tensor, start: int, stop: int, page_size: int) -> torch.Tensor:
-    idx = torch.arange(start, stop, device=block_table.device)
-    return block_table[idx // page_size] * page_size + idx % page_size
+def _slots_for(page_table: torch.Tensor, start: int, stop: int, page_size: int) -> torch.Tensor:
+    idx = torch.arange(start, stop, device=page_table.device)
+    return page_table[idx // page_size] * page_size + idx % page_size
 
 
 def build_attention_metadata(
     query_lens: list[int],
     context_lens: list[int],
-    block_tables: list[list[int]] | None = None,
+    page_tables: list[list[int]] | None = None,
     page_size: int = 16,
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
-    """Metadata for one step. `block_tables=None` is the dense path: every sequence must be fresh."""
+    """Metadata for one step. `page_tables=None` is the dense path: every sequence must be fresh."""
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens differ in length")
     starts = [0]
@@ -74,17 +83,17 @@ def build_attention_metadata(
         starts.append(starts[-1] + q)
     meta = AttentionMetadata(list(query_lens), list(context_lens), None, [], starts[:-1])
     tables = None
-    if block_tables is not None:
-        width = max((len(t) for t in block_tables), default=1) or 1
-        padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
-        tables = torch.tensor(padded, dtype=torch.long, device=device).view(len(block_tables), width)
+    if page_tables is not None:
+        width = max((len(t) for t in page_tables), default=1) or 1
+        padded = [list(t) + [0] * (width - len(t)) for t in page_tables]
+        tables = torch.tensor(padded, dtype=torch.long, device=device).view(len(page_tables), width)
         meta.slot_mapping = torch.cat(
             [_slots_for(tables[i], c - q, c, page_size) for i, (q, c) in enumerate(zip(query_lens, context_lens))]
         ) if query_lens else torch.empty(0, dtype=torch.long, device=device)
     decode: list[int] = []
     for i, (q, c) in enumerate(zip(query_lens, context_lens)):
         if q == c:
-            meta.groups.append(AttentionGroup("fresh", slice(starts[i], starts[i] + q), 1, q, [i]))
+            meta.groups.append(AttentionGroup(GroupKind.FRESH, slice(starts[i], starts[i] + q), 1, q, [i]))
         elif tables is None:
             raise ValueError("the dense path (no cache) needs every sequence to be fresh (context_len == query_len)")
         elif q == 1:
@@ -94,7 +103,7 @@ def build_attention_metadata(
             key_idx = torch.arange(c, device=device)
             query_idx = torch.arange(c - q, c, device=device)
             mask = (key_idx[None, :] <= query_idx[:, None])[None, None]
-            meta.groups.append(AttentionGroup("chunk", slice(starts[i], starts[i] + q), 1, q, [i], slots, mask))
+            meta.groups.append(AttentionGroup(GroupKind.CHUNK, slice(starts[i], starts[i] + q), 1, q, [i], slots, mask))
     for bucket in _length_buckets(decode, context_lens):
         meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device))
     return meta
@@ -125,7 +134,7 @@ def _decode_group(ids, starts, context_lens, tables, page_size, device) -> Atten
     rows = [starts[i] for i in ids]
     contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
     tokens = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
-    return AttentionGroup("decode", tokens, len(ids), 1, list(ids), slots, mask)
+    return AttentionGroup(GroupKind.DECODE, tokens, len(ids), 1, list(ids), slots, mask)
 
 
 def gather_context(g: AttentionGroup, store, fresh: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -168,8 +168,3 @@ def _wrap(model: nn.Module, name: str) -> LoRALinear:
     setattr(parent, child, wrapper)
     return wrapper
 
-
-def detach_adapter(model: nn.Module, adapter_id: int) -> None:
-    for module in model.modules():
-        if isinstance(module, LoRALinear):
-            module.deltas.pop(adapter_id, None)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlc.layers.attention import AttentionGroup, AttentionMetadata, gather_context, group_mask
+from mlc.layers.attention import AttentionGroup, AttentionMetadata, GroupKind, gather_context, group_mask
 from mlc.layers.dsa import DsaIndexer, Selection, selection_mask
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import Linear
@@ -70,7 +70,7 @@ class MLAttention(nn.Module):
         gather only their top-k slots (what makes DSA cheap at long context); prefill queries each select
         different keys, so they expand the whole context and mask it."""
         mask = group_mask(g, latent.device)
-        if top is not None and g.kind == "decode":
+        if top is not None and g.kind is GroupKind.DECODE:
             pick = top[:, 0]
             return store.gather(g.gather_slots.gather(1, pick), latent.dtype), mask.gather(-1, pick[:, None, None])
         return gather_context(g, store, latent, latent.dtype), selection_mask(top, mask)

@@ -34,36 +34,6 @@ _FIELD_ACCEPTS = {
 SHOWN_CHARS = 80  # a rejected value is echoed up to this many characters: enough to recognise, never the megabyte
 
 
-class ServiceUnavailableError(MlcError):
-    """The server cannot take requests right now: the model is loading, or the server is shutting down."""
-
-    http_status = 503
-    error_type = "service_unavailable"
-
-    def __init__(self, message: str, *, retry_after: int | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class QueueFullError(CapacityError):
-    error_type = "queue_full"
-
-    def __init__(self, message: str, *, retry_after: int = 1):
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class RequestTimeoutError(MlcError):
-    """The request ran past --request-timeout before producing any token."""
-
-    http_status = 504
-    error_type = "timeout"
-
-
-class UnsupportedFeatureError(InvalidRequestError):
-    error_type = "unsupported_feature"
-
-
 class ClientDisconnected(Exception):
     """The client went away; nobody reads the answer (status 499 in the audit log)."""
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
-from mlc.server.errors import RequestTimeoutError, ServiceUnavailableError
+from mlc.errors import RequestTimeoutError, ServiceUnavailableError
 
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput
@@ -32,19 +32,19 @@ class Generation:
         self.start_time = time.monotonic()
         self.first_output_time: float | None = None
         self.last: RequestOutput | None = None
-        self.stop_reason: str | None = None
+        self.stop_reason: FinishReason | None = None
         self.done = False
         self.closed = False
         self._pending: asyncio.Future | None = None
         self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id, validated=True)
-        self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, "timeout")
+        self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
         state.active.add(self)
 
     @property
     def finish_reason(self) -> str | None:
         return self.last.outputs[0].finish_reason if self.last is not None and self.last.outputs else None
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: FinishReason) -> None:
         """End the request early ("timeout", "abort"): the engine aborts it with that reason, and the next `next()`
         returns its final output."""
         if self.done or self.stop_reason is not None:
@@ -99,5 +99,5 @@ class Generation:
         if self.last is not None:
             self.state.metrics.observe(self.last, self.start_time, self.first_output_time, end)
             self.state.note_latency(end - self.start_time)
-        reason = self.finish_reason if self.done and self.last is not None else "abort"
-        self.state.metrics.count_finished(reason or "abort")
+        reason = self.finish_reason if self.done and self.last is not None else None
+        self.state.metrics.count_finished(reason or FinishReason.ABORT)

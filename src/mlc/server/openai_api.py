@@ -8,7 +8,7 @@ from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
 from mlc.server.audit import audit_info
 from mlc.server.auth import bearer_scheme
-from mlc.server.errors import UnsupportedFeatureError
+from mlc.errors import UnsupportedFeatureError
 from mlc.server.openai_format import (
     ChatStream, CompletionStream, chat_logprobs, completion_logprobs, sorted_outputs, usage_of,
 )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from mlc.errors import ContextLengthError, InvalidRequestError
-from mlc.server.errors import UnsupportedFeatureError
+from mlc.errors import UnsupportedFeatureError
 from mlc.server.schemas import ChatMessage
 from mlc.server.state import ServerState
 

@@ -14,6 +14,7 @@ import signal
 import uvicorn
 
 from mlc.config.serve_config import ServeConfig
+from mlc.engine.sequence import FinishReason
 from mlc.server.app import create_app
 from mlc.server.hooks import HooksConfig
 from mlc.server.state import ServerState
@@ -46,7 +47,7 @@ class GracefulServer(uvicorn.Server):
         """End every in-flight request now with finish_reason "abort"; the drain then sees none left and exits."""
         log.warning("second signal: aborting %d request(s) in flight", len(self.state.active))
         for g in list(self.state.active):
-            g.stop("abort")
+            g.stop(FinishReason.ABORT)
 
     async def _drain(self) -> None:
         try:

@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from mlc.engine.sampling_params import SamplingParams
+from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError
 from mlc.server.audit import AuditInfo, audit_info
 from mlc.server.errors import ClientDisconnected, error_body
@@ -125,11 +126,11 @@ async def stream(request: Request, gen: Generation, render: Callable[[RequestOut
             yield DONE
         except MlcError as e:  # the engine failed mid-stream: say so in-band, as OpenAI does
             finished = True
-            info.finish_reason = "error"
+            info.finish_reason = FinishReason.ERROR
             yield sse(error_body(e.message, e.error_type, e.field, e.error_type))
             yield DONE
         finally:
-            if last is not None and info.finish_reason != "error":
+            if last is not None and info.finish_reason != FinishReason.ERROR:
                 note_outputs(info, [last], state.config.audit_log_content)
             if not finished and not gen.done:
                 info.disconnected, info.finish_reason = True, "disconnect"

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mlc.config.serve_config import ServeConfig
-from mlc.errors import MlcError, RequestTooLargeError
+from mlc.engine.sequence import FinishReason
+from mlc.errors import MlcError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
 from mlc.server.audit import AuditLog
-from mlc.server.errors import QueueFullError, ServiceUnavailableError
 from mlc.server.hooks import HookRunner, HooksConfig
 from mlc.server.input_policy import InputPolicy
 from mlc.server.metrics import ServerMetrics
@@ -80,7 +80,7 @@ class ServerState:
             self._fail(f"{type(e).__name__}: {e}", 1)
             return
         log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
-                 time.monotonic() - t0, llm.max_seq_len, llm.block_manager.usable_pages)
+                 time.monotonic() - t0, llm.max_seq_len, llm.page_manager.usable_pages)
         self.loop.call_soon_threadsafe(self._ready, llm)
 
     def _fail(self, message: str, exit_code: int) -> None:
@@ -111,7 +111,7 @@ class ServerState:
         if self.active:
             log.warning("cancelling %d request(s) still running after %.0fs", len(self.active), grace_s)
             for g in list(self.active):
-                g.stop("abort")
+                g.stop(FinishReason.ABORT)
             deadline = time.monotonic() + 5.0
             while self.active and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

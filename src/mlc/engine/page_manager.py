@@ -29,7 +29,7 @@ def page_hash(parent: int | None, tokens: tuple[int, ...], adapter_id: int) -> i
     return hash((parent, tokens, adapter_id))
 
 
-class BlockManager:
+class PageManager:
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True):
         if num_pages < 2:
             raise ValueError("the KV cache needs at least 2 pages (one is reserved)")
@@ -84,7 +84,7 @@ class BlockManager:
         At least the last page's worth of tokens is always recomputed, so a cached page is never written again.
         Returns the number of tokens served from the cache.
         """
-        if not self.enable_prefix_caching or seq.block_table or seq.params.prompt_logprobs:
+        if not self.enable_prefix_caching or seq.page_table or seq.params.prompt_logprobs:
             return 0  # a prompt-logprobs request scores every token, so it computes them all
         tokens = seq.all_ids
         usable = (len(tokens) - 1) // self.page_size
@@ -100,7 +100,7 @@ class BlockManager:
                 break
             self.prefix_hits += 1
             self._retain(page)
-            seq.block_table.append(page)
+            seq.page_table.append(page)
             hashes.append(h)
             parent = h
         seq.page_hashes = hashes
@@ -111,32 +111,32 @@ class BlockManager:
         return hit
 
     def can_grow(self, seq: Sequence, num_entries: int) -> bool:
-        need = self.pages_for(num_entries) - len(seq.block_table)
+        need = self.pages_for(num_entries) - len(seq.page_table)
         return need + self._cow_needed(seq, num_entries) <= self.num_free_pages
 
     def _cow_needed(self, seq: Sequence, num_entries: int) -> int:
-        if not seq.block_table or seq.num_cache_entries % self.page_size == 0:
+        if not seq.page_table or seq.num_cache_entries % self.page_size == 0:
             return 0
-        return int(num_entries > seq.num_cache_entries and self.ref[seq.block_table[-1]] > 1)
+        return int(num_entries > seq.num_cache_entries and self.ref[seq.page_table[-1]] > 1)
 
     def grow(self, seq: Sequence, num_entries: int) -> list[PageCopy]:
         """Give `seq` pages for `num_entries` cache entries; a shared, partly filled last page is copied first."""
         copies: list[PageCopy] = []
         if self._cow_needed(seq, num_entries):
-            old = seq.block_table[-1]
+            old = seq.page_table[-1]
             new = self._take_free()
             copies.append(PageCopy(old, new, seq.num_cache_entries % self.page_size))
             self._release(old)
-            seq.block_table[-1] = new
-        while len(seq.block_table) < self.pages_for(num_entries):
-            seq.block_table.append(self._take_free())
+            seq.page_table[-1] = new
+        while len(seq.page_table) < self.pages_for(num_entries):
+            seq.page_table.append(self._take_free())
         return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares all of the parent's pages (the `n` samples of one prompt)."""
-        for page in parent.block_table:
+        for page in parent.page_table:
             self._retain(page)
-        child.block_table = list(parent.block_table)
+        child.page_table = list(parent.page_table)
         child.page_hashes = list(parent.page_hashes)
         child.num_cached, child.num_cache_entries = parent.num_cached, parent.num_cache_entries
         child.kv_positions = parent.kv_positions
@@ -147,13 +147,13 @@ class BlockManager:
             return  # a compacted (sparse) cache no longer maps tokens to pages one to one
         hashes = seq.page_hashes
         tokens = seq.all_ids
-        full = min(seq.num_cached // self.page_size, len(seq.block_table))
+        full = min(seq.num_cached // self.page_size, len(seq.page_table))
         while len(hashes) < full:
             i = len(hashes)
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
             h = page_hash(hashes[-1] if hashes else None, chunk, seq.adapter_id)
             hashes.append(h)
-            page = seq.block_table[i]
+            page = seq.page_table[i]
             if h not in self.hash_to_page and page not in self.page_key:
                 self.hash_to_page[h] = page
                 self.page_key[page] = (h, chunk)
@@ -161,21 +161,21 @@ class BlockManager:
     # -- sparse KV (engine/sparse_kv.py) -------------------------------------------------------------------------
     def num_shared_pages(self, seq: Sequence) -> int:
         """Pages up to and including the last one another sequence also holds: these must not be rewritten."""
-        return max((i + 1 for i, page in enumerate(seq.block_table) if self.ref[page] > 1), default=0)
+        return max((i + 1 for i, page in enumerate(seq.page_table) if self.ref[page] > 1), default=0)
 
     def unregister_from(self, seq: Sequence, first_page: int) -> None:
         """The sequence's pages from `first_page` on are about to be rewritten: they leave the prefix cache."""
-        for page in seq.block_table[first_page:]:
+        for page in seq.page_table[first_page:]:
             self._forget(page)
         del seq.page_hashes[first_page:]
 
     def shrink(self, seq: Sequence, num_entries: int) -> int:
         """After compaction the sequence holds `num_entries` entries: release the tail pages; returns how many."""
         keep = self.pages_for(num_entries)
-        tail = seq.block_table[keep:]
+        tail = seq.page_table[keep:]
         for page in reversed(tail):
             self._release(page)
-        del seq.block_table[keep:]
+        del seq.page_table[keep:]
         seq.num_cache_entries = num_entries
         return len(tail)
 
@@ -201,14 +201,14 @@ class BlockManager:
         problems: list[str] = []
         held = [0] * self.num_pages
         for seq in holders:
-            for page in seq.block_table:
+            for page in seq.page_table:
                 if not 0 < page < self.num_pages:
                     problems.append(f"sequence {seq.seq_id} holds page {page}, outside 1..{self.num_pages - 1}")
                 else:
                     held[page] += 1
-            if self.pages_for(seq.num_cache_entries) > len(seq.block_table):
+            if self.pages_for(seq.num_cache_entries) > len(seq.page_table):
                 problems.append(f"sequence {seq.seq_id} has {seq.num_cache_entries} entries in "
-                                f"{len(seq.block_table)} pages")
+                                f"{len(seq.page_table)} pages")
         free = list(self.free_plain) + list(self.free_cached)
         if len(free) != len(set(free)):
             problems.append("a page is on the free lists twice")
@@ -226,9 +226,9 @@ class BlockManager:
         return problems
 
     def free(self, seq: Sequence) -> None:
-        for page in reversed(seq.block_table):
+        for page in reversed(seq.page_table):
             self._release(page)
-        seq.block_table = []
+        seq.page_table = []
         seq.page_hashes = []
         seq.num_cached = seq.num_cache_entries = 0
         seq.kv_positions = None
