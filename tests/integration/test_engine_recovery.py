@@ -63,7 +63,7 @@ def test_a_poisoned_request_fails_alone_and_the_rest_are_untouched(base, clean):
     finals = run_all(engine, {**PROMPTS, "bad": [1, 2, POISON, 4]})
     bad = finals.pop("bad")
     assert bad.outputs[0].finish_reason == "error" and isinstance(bad.error, EngineStepError)
-    assert "injected fault" in bad.error.message and "retried" in bad.error.message
+    assert "injected fault" in bad.error.message and "keeps serving other requests" in bad.error.message
     assert {rid: out.outputs[0].token_ids for rid, out in finals.items()} == clean
     assert all(out.error is None for out in finals.values())
     assert run_all(engine, {"after": PROMPTS["a"]})["after"].outputs[0].token_ids == clean["a"]
@@ -102,13 +102,38 @@ def test_corrupted_accounting_is_rebuilt_and_sequences_recomputed(base, clean):
     assert {rid: out.outputs[0].token_ids for rid, out in finals.items()} == clean  # recomputed from their tokens
 
 
-def test_steps_failing_in_a_row_declare_the_engine_dead(base):
+def test_steps_failing_in_a_row_on_different_prompts_declare_the_engine_dead(base):
     engine = fresh(base)
     poison_runner(engine, lambda _: True)
-    with pytest.raises(EngineDeadError, match="3 engine steps failed in a row"):
+    with pytest.raises(EngineDeadError, match="3 engine steps failed in a row on different prompts"):
         for i in range(recovery.MAX_CONSECUTIVE_FAILURES):
-            engine.add_request(f"r{i}", PROMPTS["b"], GREEDY)
+            engine.add_request(f"r{i}", [*PROMPTS["b"], i], GREEDY)
             engine.step()
+
+
+def test_one_poison_prompt_sent_again_and_again_does_not_kill_the_engine(base, clean):
+    engine = fresh(base)
+    poison_runner(engine)
+    for i in range(2 * recovery.MAX_CONSECUTIVE_FAILURES):  # alone in its step each time: a whole-step failure
+        engine.add_request(f"bad{i}", [1, 2, POISON], GREEDY)
+        assert [o.outputs[0].finish_reason for o in engine.step()] == ["error"]
+    assert engine.consecutive_failures == 2 * recovery.MAX_CONSECUTIVE_FAILURES
+    assert run_all(engine, {"a": PROMPTS["a"]})["a"].outputs[0].token_ids == clean["a"]
+
+
+def test_a_row_that_fails_to_sample_ends_only_its_request(base, clean, monkeypatch):
+    engine = fresh(base)
+    draw = engine.sampler.__class__.__call__
+
+    def picky(self, logits, seqs):
+        if any(POISON in s.prompt_ids for s in seqs):
+            raise RuntimeError("invalid multinomial distribution")
+        return draw(self, logits, seqs)
+
+    monkeypatch.setattr(engine.sampler.__class__, "__call__", picky)
+    finals = run_all(engine, {**PROMPTS, "bad": [POISON, 3, 4]})
+    assert finals.pop("bad").outputs[0].finish_reason == "error"
+    assert {rid: out.outputs[0].token_ids for rid, out in finals.items()} == clean
 
 
 def test_an_unrepairable_state_declares_the_engine_dead(base, monkeypatch):

@@ -16,12 +16,17 @@ from test_server_support import ServerProcess, wait_for
 POISON = 12345
 FAULT = f"""
 import os
+import time
 import mlc.engine.model_runner as mr
 
 _run = mr.ModelRunner.run
 
 def run(self, scheduled):
-    if os.environ["MLC_TEST_FAULT"] == "always" or any({POISON} in s.seq.prompt_ids for s in scheduled):
+    mode = os.environ["MLC_TEST_FAULT"]
+    poisoned = any({POISON} in s.seq.prompt_ids for s in scheduled)
+    if mode == "hang" and poisoned:
+        time.sleep(12)
+    elif mode == "always" or poisoned:
         raise RuntimeError("injected fault")
     return _run(self, scheduled)
 
@@ -29,9 +34,9 @@ mr.ModelRunner.run = run
 """
 
 
-def faulty_server(tmp, mode: str) -> ServerProcess:
+def faulty_server(tmp, mode: str, args: list[str] | None = None) -> ServerProcess:
     (tmp / "sitecustomize.py").write_text(FAULT)
-    return ServerProcess(tmp, [], env={"PYTHONPATH": str(tmp), "MLC_TEST_FAULT": mode})
+    return ServerProcess(tmp, args or [], env={"PYTHONPATH": str(tmp), "MLC_TEST_FAULT": mode})
 
 
 @pytest.fixture(scope="module")
@@ -80,5 +85,18 @@ def test_an_engine_beyond_repair_exits_non_zero(tmp_path):
         assert wait_for(lambda: srv.proc.poll() is not None, timeout=30), "the server kept running"
         assert srv.proc.returncode == 1
         assert "engine steps failed in a row" in srv.log()
+    finally:
+        srv.terminate()
+
+
+def test_a_hung_step_still_answers_the_timeout(tmp_path):
+    """The timeout aborts through the engine; when a step hangs, the request ends by itself after a short grace."""
+    srv = faulty_server(tmp_path, "hang", ["--request-timeout", "2"])
+    try:
+        srv.wait_healthy()
+        t0 = time.monotonic()
+        r = complete(srv, [1, 2, POISON], 4)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert time.monotonic() - t0 < 8  # 2 s timeout + 2 s grace, well before the 12 s step ends
     finally:
         srv.terminate()

@@ -68,6 +68,8 @@ def register(app: typer.Typer) -> None:
             ))
         if len(rows) == 1 and output is None:
             out = llm.generate(prompts, params)[0]
+            if out.error is not None:
+                raise out.error
             console.print(out.outputs[0].text, highlight=False, markup=False)
             return
         with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -76,7 +78,8 @@ def register(app: typer.Typer) -> None:
             outs = llm.generate(prompts, params, on_progress=lambda _: bar.advance(task))
         lines = [
             json.dumps({"id": row.get("id", i), "text": o.outputs[0].text, "finish_reason": o.outputs[0].finish_reason,
-                        "prompt_tokens": len(o.prompt_token_ids), "completion_tokens": len(o.outputs[0].token_ids)},
+                        "prompt_tokens": len(o.prompt_token_ids), "completion_tokens": len(o.outputs[0].token_ids),
+                        **({"error": o.error.message} if o.error is not None else {})},
                        ensure_ascii=False)
             for i, (row, o) in enumerate(zip(rows, outs))
         ]

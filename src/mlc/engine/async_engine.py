@@ -21,7 +21,7 @@ from mlc.engine.outputs import RequestOutput
 from mlc.engine.recovery import recover
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
-from mlc.errors import EngineDeadError, EngineStepError, MlcError
+from mlc.errors import EngineDeadError, EngineStepError, InvalidRequestError, MlcError
 
 log = logging.getLogger("mlc.engine")
 
@@ -106,12 +106,15 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Queue one request now and return its outputs as they come; `validated`: the caller already ran
         `validate`. A stream closed before its end aborts the request; one never iterated needs `release`."""
-        if self.error is not None:
-            raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._queues:
+            raise InvalidRequestError(f"request id {rid!r} is already in use", field="request_id")
         params = params or SamplingParams()
         q: asyncio.Queue = asyncio.Queue()
-        self._queues[rid] = q
+        self._queues[rid] = q  # before the check below: a dying engine either sees this queue or set its error
+        if self.error is not None:
+            self._queues.pop(rid, None)
+            raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         with self._lock:
             self._unstarted[rid] = params.n
         self._commands.put(("add", rid, prompt, params, adapter_id, validated))
@@ -181,6 +184,8 @@ class AsyncEngine:
                 except Exception as e:
                     final = recover(self.engine, e, [cmd[1]])
                 self._deliver_all(o for o in final if o is not None)  # a waiting consumer sees the request end
+                if final == [None]:
+                    self._deliver_lost()
 
     def _run(self) -> None:
         try:
@@ -209,8 +214,22 @@ class AsyncEngine:
             self._deliver_all(outputs)
 
     def _deliver_all(self, outputs) -> None:
+        failed = False
         for out in outputs:  # a request a failed step ended gets its error (the engine repaired itself)
             self._deliver(out.request_id, out.error if out.error is not None else out)
+            failed = failed or out.error is not None
+        if failed:
+            self._deliver_lost()
+
+    def _deliver_lost(self) -> None:
+        """A consumer still waits for a request the engine no longer knows (dropped while it recovered): end it
+        with an error. One that already got its final output ignores this."""
+        with self._lock:
+            unstarted = set(self._unstarted)
+        for rid in list(self._queues):
+            if rid not in self.engine.requests and rid not in unstarted:
+                self._deliver(rid, EngineStepError("this request was lost while the engine recovered from an "
+                                                   "internal error; retry it"))
 
     def _die(self, err: EngineDeadError) -> None:
         log.error("%s", err.message)

@@ -55,7 +55,8 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         on_progress: Callable[[RequestOutput], None] | None = None,
     ) -> list[RequestOutput]:
-        """Outputs in the order of `prompts`; `on_progress` is called as each request finishes."""
+        """Outputs in the order of `prompts`; `on_progress` is called as each request finishes. A request that an
+        engine failure ended has finish_reason "error" and its `error` set; the others are unaffected."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)

@@ -25,6 +25,7 @@ from mlc.errors import (
     CapacityError,
     ConfigError,
     ContextLengthError,
+    EngineDeadError,
     InvalidRequestError,
     ModelNotFoundError,
     RequestTooLargeError,
@@ -131,6 +132,7 @@ class LLMEngine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.consecutive_failures = 0  # steps failed since the last good one (engine/recovery.py)
+        self.failed_prompts: set[int] = set()  # the prompts those steps held
 
     def _cache_dtype(self, name: str) -> KVDtype:
         try:
@@ -220,12 +222,14 @@ class LLMEngine:
         limit = min(context or self.max_seq_len, self.max_seq_len)
         if context is None or context >= self.max_seq_len:
             context_source = f"the context limit of {self.max_seq_len} tokens"
-        if len(ids) + params.max_new_tokens > limit:
-            room = limit - len(ids)
-            hint = f"lower max_new_tokens to at most {room}" if room > 0 else "shorten the prompt"
+        room = limit - len(ids)
+        if room < 1:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens, which leaves no room for a completion within "
+                                     f"{context_source}; shorten the prompt", field="prompt")
+        if params.max_new_tokens > room:
             raise ContextLengthError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds {context_source}; "
-                f"{hint}", field="max_new_tokens" if room > 0 else "prompt",
+                f"lower max_new_tokens to at most {room}", field="max_new_tokens",
             )
         entries = len(ids) + params.max_new_tokens
         if self.sparse is not None and not params.full_kv:
@@ -280,14 +284,20 @@ class LLMEngine:
             return []
         try:
             outputs = self._execute(plan)
+        except EngineDeadError:
+            raise
         except Exception as e:
             return self._fail_step(e, [s.seq for s in plan.scheduled])
         self.consecutive_failures = 0
+        self.failed_prompts.clear()
         return outputs
 
     def _fail_step(self, error: Exception, seqs: list[Sequence]) -> list[RequestOutput]:
+        """A whole step failed: count it (with the prompts it held, so that one poison prompt sent again and again
+        is not mistaken for a broken model) and end its requests."""
         self.consecutive_failures += 1
         rids = list(dict.fromkeys(s.request_id for s in seqs if s.request_id in self.requests))
+        self.failed_prompts.update(hash(tuple(self.requests[r].prompt_ids)) for r in rids)
         return recover(self, error, rids)
 
     def _execute(self, plan: SchedulerOutput) -> list[RequestOutput]:
@@ -302,21 +312,23 @@ class LLMEngine:
             rows += [row] * (1 + len(children))  # forked samples read their parent's logits row
         self.scheduler.compact()
         touched: dict[str, Request] = {}
+        failed = dict(step.failed)
         if sampled:
-            results = self.sampler(step.logits[torch.tensor(rows)], sampled)
-            self.scheduler.postprocess(sampled, results, now)
-            self.generation_tokens += len(sampled)
-            for seq in sampled:
+            results, bad_rows = self.sampler.sample_isolating(step.logits[torch.tensor(rows)], sampled)
+            failed.update(bad_rows)
+            kept = [(s, r) for s, r in zip(sampled, results) if s.request_id not in failed]
+            self.scheduler.postprocess([s for s, _ in kept], [r for _, r in kept], now)
+            self.generation_tokens += len(kept)
+            for seq, _ in kept:
                 touched[seq.request_id] = req = self._seq_request[seq.seq_id]
                 self._detokenize(req, seq)
-        outputs = []
-        for r in touched.values():
-            if r.finished:
-                r.finished_time = now
-            outputs.append(self._output(r))
-            if r.finished:
-                self._forget(r)
-        for rid, error in step.failed.items():  # the culprits found by running alone; the step itself went on
+        finished = [r for r in touched.values() if r.finished]
+        for r in finished:
+            r.finished_time = now
+        outputs = [self._output(r) for r in touched.values()]  # all built before any is forgotten
+        for r in finished:
+            self._forget(r)
+        for rid, error in failed.items():  # culprits found by running them alone; the step itself went on
             outputs += recover(self, error, [rid])
         return outputs
 
@@ -353,8 +365,7 @@ class LLMEngine:
             outs.append(CompletionOutput(
                 index=seq.sample_index, text=detok.text, token_ids=list(seq.output_ids),
                 finish_reason=seq.finish_reason, logprobs=list(seq.logprobs) if want_lp else None,
-                delta_text=detok.text[text_start : sent.chars], delta_start=text_start,
-                delta_token_ids=seq.output_ids[start:],
+                delta_text=detok.text[text_start : sent.chars], delta_token_ids=seq.output_ids[start:],
                 delta_logprobs=seq.logprobs[start:] if want_lp else None,
             ))
         first = req.seqs[0]

@@ -16,7 +16,6 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None = None
     delta_text: str = ""
-    delta_start: int = 0  # characters of `text` handed out before `delta_text` (its offset in the text)
     delta_token_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[TokenLogprob] | None = None
 

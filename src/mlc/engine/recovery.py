@@ -47,7 +47,8 @@ def recover(engine: LLMEngine, error: Exception, request_ids: list[str]) -> list
               exc_info=error)
     err = EngineStepError(
         f"internal engine error while running this request ({type(error).__name__}: {error}); the engine recovered "
-        "and keeps serving, so the request may be retried", request_ids=tuple(request_ids))
+        "and keeps serving other requests; if this request fails again, report it with its request id",
+        request_ids=tuple(request_ids))
     outputs = []
     for rid in request_ids:
         try:
@@ -66,7 +67,8 @@ def recover(engine: LLMEngine, error: Exception, request_ids: list[str]) -> list
     if problems:
         raise EngineDeadError(f"the engine's state could not be repaired after an internal error ({error}): "
                               f"{problems[0]}; the server exits so that its supervisor restarts it")
-    if engine.consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
-        raise EngineDeadError(f"{engine.consecutive_failures} engine steps failed in a row, the last with {error}; "
-                              "the model or device is broken, so the server exits so that its supervisor restarts it")
+    if engine.consecutive_failures >= MAX_CONSECUTIVE_FAILURES and len(engine.failed_prompts) > 1:
+        raise EngineDeadError(f"{engine.consecutive_failures} engine steps failed in a row on different prompts, the "
+                              f"last with {error}; the model or device is broken, so the server exits so that its "
+                              "supervisor restarts it")
     return outputs

@@ -34,6 +34,27 @@ class Sampler:
                 tokens[i] = self._draw(logits[i], s)
         return [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
 
+    def sample_isolating(self, logits: torch.Tensor, seqs: list[Sequence]
+                         ) -> tuple[list[tuple[int, TokenLogprob | None] | None], dict[str, Exception]]:
+        """`self(logits, seqs)`; if that fails, row by row, so that only the requests whose rows fail alone are
+        dropped (None results, and why in the dict by request id). Every row failing raises."""
+        try:
+            return self(logits, seqs), {}
+        except Exception:
+            if len(seqs) == 1:
+                raise
+        results: list = []
+        failed: dict[str, Exception] = {}
+        for i, s in enumerate(seqs):
+            try:
+                results.append(self(logits[i : i + 1], [s])[0])
+            except Exception as e:
+                results.append(None)
+                failed.setdefault(s.request_id, e)
+        if all(r is None for r in results):
+            raise next(iter(failed.values()))
+        return results, failed
+
     def _needs_processing(self, s: Sequence) -> bool:
         p = s.params
         return (

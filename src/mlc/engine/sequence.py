@@ -40,7 +40,7 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find and remove a sequence by what it is, not by its field values
 class Sequence:
     request_id: str
     prompt_ids: list[int]

@@ -9,6 +9,7 @@ before any token, `next()` raises a typed error instead (504 or 503): never an e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,9 @@ from mlc.errors import RequestTimeoutError, ServiceUnavailableError
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput
     from mlc.server.state import ServerState
+
+
+ABORT_GRACE_S = 2.0  # a stopped request waits this long for the engine's final output before ending by itself
 
 
 class Generation:
@@ -36,6 +40,8 @@ class Generation:
         self.done = False
         self.closed = False
         self._pending: asyncio.Future | None = None
+        self._gave_up = False  # the engine did not answer an abort within ABORT_GRACE_S (a hung step)
+        self._give_up_timer: asyncio.TimerHandle | None = None
         self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id, validated=True)
         self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
         state.active.add(self)
@@ -51,14 +57,28 @@ class Generation:
             return
         self.stop_reason = reason
         self.state.engine.abort(self.request_id, FinishReason(reason))
+        self._give_up_timer = self.state.loop.call_later(ABORT_GRACE_S, self._give_up)
+
+    def _give_up(self) -> None:
+        if not self.done:
+            self._gave_up = True
+            if self._pending is not None:
+                self._pending.cancel()
 
     async def next(self) -> RequestOutput | None:
         """The next output, or None once the final one was handed out."""
         if self.done:
             return None
+        if self._gave_up:
+            return self._end_here()
         self._pending = asyncio.ensure_future(self._gen.__anext__())
         try:
             out = await self._pending
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._gave_up and not (task and task.cancelling()):
+                return self._end_here()
+            raise
         except StopAsyncIteration:
             self.done = True
             return None
@@ -72,6 +92,17 @@ class Generation:
             self.first_output_time = time.monotonic()
         self.last = out
         return out
+
+    def _end_here(self) -> RequestOutput:
+        """The engine did not answer the abort in time: end with what was received, never an empty 200."""
+        self.done = True
+        if self.last is None:
+            self._refuse_empty()
+        outs = [dataclasses.replace(o, finish_reason=o.finish_reason or self.stop_reason, delta_text="",
+                                    delta_token_ids=[], delta_logprobs=[] if o.logprobs is not None else None)
+                for o in self.last.outputs]
+        self.last = dataclasses.replace(self.last, outputs=outs, finished=True)
+        return self.last
 
     def _refuse_empty(self) -> None:
         """Stopped before any token: a typed error, never an empty 200."""
@@ -89,6 +120,8 @@ class Generation:
             return
         self.closed = True
         self._timer.cancel()
+        if self._give_up_timer is not None:
+            self._give_up_timer.cancel()
         if self._pending is not None:  # another task is still in next(): let it unwind before closing
             self._pending.cancel()
             await asyncio.wait({self._pending})

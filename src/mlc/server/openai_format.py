@@ -60,6 +60,7 @@ class CompletionStream:
         self.base = {"id": rid, "object": "text_completion", "created": created, "model": model}
         self.tt, self.logprobs, self.include_usage = tt, logprobs, include_usage
         self.echoed = [False] * n
+        self.offsets = [len(echo_text or "")] * n  # text_offset of each sample's next token (token pieces)
         self.finished = [False] * n
         self.echo = echo_text
 
@@ -75,8 +76,8 @@ class CompletionStream:
                 continue
             logprobs = None
             if self.logprobs is not None:
-                offset = len(self.echo or "") + o.delta_start  # where this delta starts in the echoed text
-                logprobs = completion_logprobs(lps, self.tt, self.logprobs > 0, offset).model_dump()
+                logprobs = completion_logprobs(lps, self.tt, self.logprobs > 0, self.offsets[i]).model_dump()
+                self.offsets[i] += sum(len(self.tt.text(lp.token_id)) for lp in lps)
             text = echo + text
             self.echoed[i] = True
             self.finished[i] = self.finished[i] or new_finish
