@@ -16,8 +16,8 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from mlc.engine.llm_engine import EngineStats, LLMEngine
-from mlc.engine.outputs import RequestOutput
+from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.recovery import recover
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
@@ -145,7 +145,7 @@ class AsyncEngine:
         """Sequences queued and not yet running: requests not yet handed to the scheduler, then its waiting queue."""
         with self._lock:
             unstarted = sum(self._unstarted.values())
-        return unstarted + len(self.engine.scheduler.waiting)
+        return unstarted + self.engine.waiting_samples()
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a request before its next step (its pages freed); a consumer still reading gets the final output."""

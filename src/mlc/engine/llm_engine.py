@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from mlc.config.engine_config import EngineConfig
-from mlc.engine.page_manager import PageManager
 from mlc.engine.detokenizer import IncrementalDetokenizer
 from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
 from mlc.engine.memory import CachePlan, plan_cache
 from mlc.engine.model_runner import ModelRunner
-from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from mlc.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from mlc.engine.page_manager import PageManager
+from mlc.engine.recovery import recover
+from mlc.engine.request import Request, Sent
 from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
-from mlc.engine.recovery import recover
 from mlc.engine.scheduler import Scheduler, SchedulerOutput
 from mlc.engine.sequence import FinishReason, Sequence
 from mlc.engine.sparse_kv import SparseKV
@@ -33,44 +33,6 @@ from mlc.errors import (
 from mlc.layers.lora import LoRAAdapter, attach_adapter
 
 log = logging.getLogger("mlc.engine")
-
-
-@dataclass
-class Sent:
-    """The one record of what a sample's outputs have handed out: deltas start here."""
-
-    tokens: int = 0
-    chars: int = 0
-
-
-@dataclass
-class Request:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[IncrementalDetokenizer]
-    pending_forks: int = 0
-    finished_time: float | None = None
-    sent: list[Sent] = field(default_factory=list)  # per sample: what the outputs so far handed out
-
-    @property
-    def finished(self) -> bool:
-        return self.pending_forks == 0 and all(s.is_finished for s in self.seqs)
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    num_free_pages: int
-    num_pages: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -377,6 +339,15 @@ class LLMEngine:
         )
         prompt_lp = list(first.prompt_logprobs) if req.params.prompt_logprobs else None
         return RequestOutput(req.request_id, req.prompt_ids, outs, req.finished, metrics, prompt_lp)
+
+    def waiting_samples(self) -> int:
+        """Samples in the waiting queue, a prompt's `n - 1` samples still to fork counted too (safe from any thread:
+        it only reads)."""
+        total = 0
+        for seq in list(self.scheduler.waiting):
+            req = self._seq_request.get(seq.seq_id)
+            total += 1 + (req.pending_forks if req is not None and seq.sample_index == 0 else 0)
+        return total
 
     def stats(self) -> EngineStats:
         pm = self.page_manager

@@ -53,3 +53,19 @@ class RequestOutput:
     @property
     def num_generated_tokens(self) -> int:
         return sum(len(o.token_ids) for o in self.outputs)
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's load and counters (metrics, admission)."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_free_pages: int
+    num_pages: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from mlc.errors import CapacityError, InvalidRequestError, MlcError
+from mlc.errors import MlcError
 
 log = logging.getLogger("mlc.server")
 

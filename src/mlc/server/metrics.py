@@ -19,7 +19,7 @@ from mlc.server.auth import bearer_scheme
 from mlc.server.responses_doc import AUTH_RESPONSES
 
 if TYPE_CHECKING:
-    from mlc.engine.llm_engine import EngineStats
+    from mlc.engine.outputs import EngineStats
     from mlc.engine.outputs import RequestOutput
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

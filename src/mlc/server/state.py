@@ -26,7 +26,8 @@ from mlc.server.token_text import TokenText
 
 if TYPE_CHECKING:
     from mlc.engine.async_engine import AsyncEngine
-    from mlc.engine.llm_engine import EngineStats, LLMEngine
+    from mlc.engine.llm_engine import LLMEngine
+    from mlc.engine.outputs import EngineStats
     from mlc.server.generation import Generation
 
 log = logging.getLogger("mlc.server")
