@@ -32,15 +32,14 @@ from mlc.train.data import StepPlan, batches_for, collate, load_rows, target_cou
 from mlc.train.distributed import (
     DistInfo, all_reduce_sum, barrier, device_for_rank, init_distributed, shutdown,
 )
-from mlc.train.logging import ConsoleReporter, TrainLog, warn
+from mlc.train.logging import ConsoleReporter, TrainLog
 from mlc.train.model import attach_lora, compute_dtype, load_base_model, loss_sum, trainable_parameters
 from mlc.train.plot import plot_loss
 from mlc.train.preprocess import PreprocessOptions, pad_token_id
+from mlc.train.resume import check_resumable, usable_checkpoint
 
 ADAPTER_DIR = "adapter"
 SUMMARY_FILE = "summary.json"
-# Config keys that must not change between a checkpoint and its resume: they decide which rows and weights a step sees.
-RESUME_KEYS = ("model", "data", "lora", "seed", "max_seq_len", "train_on_prompt")
 
 
 @dataclass
@@ -153,48 +152,6 @@ class LoRATrainer:
         self.scheduler = build_scheduler(self.cfg, self.optimizer, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
 
-    def _check_resumable(self, state: dict, path: Path) -> None:
-        saved = state.get("config", {})
-        now = self.cfg.model_dump()
-        changed = [k for k in RESUME_KEYS if saved.get(k) != now.get(k)]
-        if state.get("rows_per_step") != self.cfg.rows_per_step(self.dist.world_size):
-            changed.append("batch_size x gradient_accumulation_steps x nproc")
-        if changed:
-            raise ConfigError(
-                f"{path} was saved with a different {', '.join(changed)}; resuming would not continue that run. "
-                "Use a new output_dir, or pass --fresh to start this one over"
-            )
-
-    def _usable_checkpoint(self) -> Path | None:
-        """The newest whole checkpoint: rank 0 checks them newest first, says which it skipped and why, and every
-        rank takes its choice."""
-        found = ckpt.list_checkpoints(self.out)
-        chosen, skipped = None, []
-        if self.dist.is_main:
-            for path in reversed(found):
-                problem = ckpt.checkpoint_problem(path)
-                if problem is None:
-                    chosen = path
-                    break
-                skipped.append((path, problem))
-            for path, problem in skipped:
-                then = f"resuming from {chosen.name} instead" if chosen else "no older checkpoint is usable"
-                warn(f"checkpoint {path} skipped: {problem}; {then}")
-        # Every rank must resume from the same step: rank 0's choice as step + 1 (0: none), summed over ranks.
-        code = torch.tensor([ckpt.step_of(chosen) + 1 if chosen else 0], dtype=torch.float64)
-        step = int(all_reduce_sum(code, self.dist).item()) - 1
-        if step >= 0:
-            return ckpt.checkpoint_root(self.out) / ckpt.step_dir_name(step)
-        if found and self.opts.resume == "always":
-            raise TrainingError(
-                f"--resume: none of the {len(found)} checkpoint(s) in {ckpt.checkpoint_root(self.out)} is usable "
-                "(the reasons are printed above); pass --fresh to start over"
-            )
-        if found and self.dist.is_main:
-            warn(f"no usable checkpoint in {ckpt.checkpoint_root(self.out)} ({len(found)} skipped, see above): "
-                 "STARTING OVER FROM STEP 0; the damaged ones are deleted as this run saves its own")
-        return None
-
     def _restore(self) -> int:
         """The step to start from (0 without a usable checkpoint)."""
         if self.opts.resume == "never" and ckpt.latest_checkpoint(self.out) is not None:
@@ -202,7 +159,8 @@ class LoRATrainer:
                 f"{self.out} already has checkpoints; pass --resume to continue, --fresh to start over, "
                 "or choose a new output_dir"
             )
-        latest = self._usable_checkpoint() if self.opts.resume != "never" else None
+        latest = usable_checkpoint(self.out, self.dist, self.opts.resume == "always") \
+            if self.opts.resume != "never" else None
         if latest is None:
             if self.opts.resume == "always":
                 raise ConfigError(f"--resume: {self.out} has no complete checkpoint to resume from")
@@ -210,7 +168,7 @@ class LoRATrainer:
                 self.log.truncate_after(-1)  # a run killed before its first checkpoint starts over
             return 0
         state = ckpt.read_state(latest)
-        self._check_resumable(state, latest)
+        check_resumable(self.cfg, self.dist.world_size, state, latest)
         ckpt.load_checkpoint(latest, self.peft_model, self.optimizer, self.scheduler, self.scaler, self.dist.rank)
         self.skipped, self.consecutive_bad = state["skipped_steps"], state["consecutive_bad_steps"]
         self.eval_before = state.get("eval_loss_before")
