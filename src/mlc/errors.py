@@ -97,10 +97,6 @@ class EngineStepError(MlcError):
     http_status = 500
     error_type = "engine_error"
 
-    def __init__(self, message: str, *, request_ids: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.request_ids = request_ids
-
 
 class EngineDeadError(MlcError):
     """The engine's state could not be repaired after a failed step: the process drains and exits non-zero."""

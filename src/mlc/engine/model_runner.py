@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mlc.engine.isolate import one_by_one
 from mlc.engine.page_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
@@ -49,15 +50,7 @@ class ModelRunner:
             if len(scheduled) == 1:
                 raise
             log.warning("a step of %d sequences failed (%s); running them one by one", len(scheduled), e)
-        alone: dict[int, StepOutput] = {}
-        failed: dict[str, Exception] = {}
-        for i, s in enumerate(scheduled):
-            try:
-                alone[i] = self.run([s])
-            except Exception as e:
-                failed.setdefault(s.seq.request_id, e)
-        if not alone:
-            raise next(iter(failed.values()))
+        alone, failed = one_by_one([s.seq.request_id for s in scheduled], lambda i: self.run([scheduled[i]]))
         kept = [i for i in alone if scheduled[i].seq.request_id not in failed]
         rows = [alone[i].logits for i in kept if scheduled[i].completes]
         scored = {k: v for i in kept for k, v in alone[i].prompt_logprobs.items()}

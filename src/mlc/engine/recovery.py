@@ -47,8 +47,7 @@ def recover(engine: LLMEngine, error: Exception, request_ids: list[str]) -> list
               exc_info=error)
     err = EngineStepError(
         f"internal engine error while running this request ({type(error).__name__}: {error}); the engine recovered "
-        "and keeps serving other requests; if this request fails again, report it with its request id",
-        request_ids=tuple(request_ids))
+        "and keeps serving other requests; if this request fails again, report it with its request id")
     outputs = []
     for rid in request_ids:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from mlc.engine.isolate import one_by_one
 from mlc.engine.sequence import Sequence, TokenLogprob
 
 
@@ -43,17 +44,8 @@ class Sampler:
         except Exception:
             if len(seqs) == 1:
                 raise
-        results: list = []
-        failed: dict[str, Exception] = {}
-        for i, s in enumerate(seqs):
-            try:
-                results.append(self(logits[i : i + 1], [s])[0])
-            except Exception as e:
-                results.append(None)
-                failed.setdefault(s.request_id, e)
-        if all(r is None for r in results):
-            raise next(iter(failed.values()))
-        return results, failed
+        done, failed = one_by_one([s.request_id for s in seqs], lambda i: self(logits[i : i + 1], [seqs[i]])[0])
+        return [done.get(i) for i in range(len(seqs))], failed
 
     def _needs_processing(self, s: Sequence) -> bool:
         p = s.params
