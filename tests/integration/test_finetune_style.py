@@ -23,7 +23,7 @@ def test_trained_adapter_answers_held_out_questions_in_style(default_model_dir, 
     cfg = load_train_config(ROOT / "configs" / "lora_smollm2.yaml", [f"output_dir={tmp_path / 'run'}"])
     result = train(cfg, RunOptions(fresh=True, progress=False))
     assert result.eval_loss_after < result.eval_loss_before - 0.5
-    llm = LLM(str(default_model_dir), lora_adapters={"support": result.adapter_dir})
+    llm = LLM(str(default_model_dir), lora_adapters={"support": result.adapter_dir}, weight_dtype="fp32")
     rows = [json.loads(line) for line in (ROOT / "data" / "customer_service_eval.jsonl").read_text().splitlines()]
     questions = [r["instruction"] for r in rows[:6]]
     greedy = SamplingParams(max_new_tokens=48, temperature=0.0)

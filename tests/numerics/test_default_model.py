@@ -27,7 +27,7 @@ def prompts(default_model_dir):
 def ours(default_model_dir):
     from mlc.models.loader import load_model
 
-    return load_model(default_model_dir)
+    return load_model(default_model_dir, weight_dtype="fp32")  # parity: the GGUF default is int4
 
 
 @pytest.fixture(scope="module")

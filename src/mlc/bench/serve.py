@@ -63,6 +63,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     warmup: int = 1
     seed: int = 0
+    request_rate: float | None = None  # requests/s as a Poisson process (None: all at once, as concurrency allows)
 
 
 @dataclass
@@ -99,11 +100,12 @@ class LevelReport:
     request_throughput: float
     goodput: float | None
     errors: list[str]
+    samples_ms: dict[str, list[float]] = field(default_factory=dict)  # "ttft", "e2e": one value per completed request
 
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("concurrency", "num_prompts", "duration_s", "completed", "failed",
                                               "output_tokens", "prompt_tokens", "output_tok_s",
-                                              "request_throughput", "goodput", "errors")}
+                                              "request_throughput", "goodput", "errors", "samples_ms")}
         for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             out[k] = getattr(self, k).as_dict()
         return out
@@ -205,19 +207,42 @@ def report(concurrency: int, results: list[RequestResult], duration: float, cfg:
         request_throughput=len(ok) / duration if duration else 0.0,
         goodput=sum(_good(r, cfg) for r in ok) / duration if has_slo and duration else None,
         errors=errors,
+        samples_ms={"ttft": [r.ttft * 1000 for r in ok if r.ttft is not None], "e2e": [r.e2e * 1000 for r in ok]},
     )
+
+
+def arrival_gaps(n: int, rate: float | None, seed: int) -> list[float]:
+    """Seconds to wait before each of `n` requests: exponential gaps (a Poisson process) at `rate` per second, the
+    first at once; all zeros without a rate."""
+    if not rate:
+        return [0.0] * n
+    rng = random.Random(seed)
+    return [0.0] + [rng.expovariate(rate) for _ in range(n - 1)]
 
 
 async def run_level(client: httpx.AsyncClient, url: str, bodies: list[dict], concurrency: int,
                     cfg: BenchConfig) -> LevelReport:
+    """Send `bodies` with at most `concurrency` in flight; with `cfg.request_rate` they also arrive as a Poisson
+    process (a request that arrives while `concurrency` are in flight waits for a slot, and its latency counts
+    from its arrival)."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def limited(body: dict) -> RequestResult:
+    async def limited(body: dict, arrived: float) -> RequestResult:
         async with gate:
-            return await run_one(client, url, body)
+            result = await run_one(client, url, body)
+        waited = time.perf_counter() - arrived - result.e2e
+        if cfg.request_rate and waited > 0:  # queueing on the client side is part of what the user sees
+            result.e2e += waited
+            result.ttft = None if result.ttft is None else result.ttft + waited
+        return result
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(limited(b) for b in bodies))
+    tasks = []
+    for body, gap in zip(bodies, arrival_gaps(len(bodies), cfg.request_rate, cfg.seed)):
+        if gap:
+            await asyncio.sleep(gap)
+        tasks.append(asyncio.create_task(limited(body, time.perf_counter())))
+    results = await asyncio.gather(*tasks)
     return report(concurrency, list(results), time.perf_counter() - start, cfg)
 
 
@@ -250,6 +275,6 @@ def to_json(cfg: BenchConfig, model: str, reports: list[LevelReport]) -> dict:
     return {
         "url": base_url(cfg.url), "model": model, "dataset": cfg.dataset, "max_tokens": cfg.max_tokens,
         "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
-        "slo": {"ttft_ms": cfg.slo_ttft_ms, "tpot_ms": cfg.slo_tpot_ms},
+        "slo": {"ttft_ms": cfg.slo_ttft_ms, "tpot_ms": cfg.slo_tpot_ms}, "request_rate": cfg.request_rate,
         "levels": [r.as_dict() for r in reports],
     }

@@ -74,7 +74,13 @@ def bench_serve(
     slo_tpot_ms: Annotated[Optional[float], typer.Option(help="Goodput SLO on time per output token.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per request before it counts as failed.")] = 600.0,
     warmup: Annotated[int, typer.Option(help="Requests sent first and not measured.")] = 1,
+    request_rate: Annotated[Optional[float], typer.Option(
+        help="Requests/s arriving as a Poisson process (seeded); latencies count from arrival. Default: all at "
+             "once, as concurrency allows.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the prompt choice and of the arrival times.")] = 0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(
+        help="Write PNG plots with this path prefix: PREFIX-throughput.png and PREFIX-latency-cdf.png.")] = None,
 ) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and goodput of a running OpenAI-compatible server."""
     from mlc.bench.serve import BenchConfig, run_bench, to_json
@@ -82,7 +88,10 @@ def bench_serve(
     key = api_key or next(iter(k.strip() for k in os.environ.get("MLC_API_KEY", "").split(",") if k.strip()), None)
     cfg = BenchConfig(url=url, concurrency=parse_levels(concurrency), num_prompts=num_prompts, max_tokens=max_tokens,
                       dataset=dataset, model=model, api_key=key, temperature=temperature, ignore_eos=ignore_eos,
-                      slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, timeout_s=timeout, warmup=warmup)
+                      slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, timeout_s=timeout, warmup=warmup,
+                      request_rate=request_rate, seed=seed)
+    if request_rate is not None and request_rate <= 0:
+        raise InvalidRequestError(f"--request-rate {request_rate}: give a positive number of requests per second")
 
     def progress(rep) -> None:
         console.print(f"concurrency {rep.concurrency}: {rep.completed} ok, {rep.failed} failed in "
@@ -96,10 +105,21 @@ def bench_serve(
     if json_out is not None:
         json_out.write_text(json.dumps(to_json(cfg, model_id, reports), indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
+    if plot is not None:
+        from mlc.bench.plots import cdf_plot, throughput_plot
+
+        rate = f", {request_rate} req/s Poisson" if request_rate else ""
+        paths = [
+            throughput_plot({model_id: [(r.concurrency, r.output_tok_s) for r in reports]},
+                            Path(f"{plot}-throughput.png"), f"bench serve: {model_id}{rate}"),
+            cdf_plot({f"concurrency {r.concurrency}": r.samples_ms["e2e"] for r in reports},
+                     Path(f"{plot}-latency-cdf.png"), f"end-to-end latency: {model_id}{rate}", "E2E latency (ms)"),
+        ]
+        console.print("wrote " + ", ".join(map(str, paths)))
 
 
 # Benchmarks that run the engine in-process live in their own modules, each with `register(bench_app)`.
-IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant"]
+IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant", "bench_compare"]
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 
 import torch
@@ -50,3 +52,14 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, config_
     if dtype not in DTYPES:
         raise DeviceError(f"unknown dtype {dtype!r}; use one of auto, fp32, fp16, bf16")
     return DTYPES[dtype]
+
+
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 arithmetic runs in hardware (else it is emulated, slower than fp32)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))

@@ -49,7 +49,7 @@ class EngineConfig(BaseModel):
     kv_cache_dtype: KVCacheDtype = "auto"
     kv_cache_memory: int | None = None  # bytes; None -> kv_cache_fraction of free memory
     kv_cache_fraction: float = Field(0.5, gt=0.0, le=0.95)
-    max_batch_size: int = Field(8, ge=1)
+    max_batch_size: int | None = Field(None, ge=1)  # None: sized from the KV budget (engine/memory.py), <= 256
     max_seq_len: int | None = Field(None, ge=2)  # None -> the model's context length
     max_num_batched_tokens: int = Field(512, ge=16)
     enable_prefix_caching: bool = True

@@ -64,6 +64,15 @@ class AsyncEngine:
         return self.engine.max_seq_len
 
     @property
+    def max_batch_size(self) -> int:
+        return self.engine.max_batch_size
+
+    @property
+    def weights(self) -> str:
+        """What the weights run as, and why (`describe_weights`)."""
+        return self.engine.weights
+
+    @property
     def vocab_size(self) -> int:
         return self.engine.model.config.vocab_size
 

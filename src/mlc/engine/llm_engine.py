@@ -31,6 +31,7 @@ from mlc.errors import (
     RequestTooLargeError,
 )
 from mlc.layers.lora import LoRAAdapter, attach_adapter
+from mlc.models.loader import describe_weights
 
 log = logging.getLogger("mlc.engine")
 
@@ -80,8 +81,14 @@ class LLMEngine:
         sparse = config.sparse_kv
         self.sparse = SparseKV(sparse, self.page_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.max_batch_size = self.cache_plan.max_batch_size
+        self.weights = describe_weights(model)
+        plan = self.cache_plan
+        log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s); max_batch_size %d%s",
+                 self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20, str(cache_dtype).removeprefix("torch."),
+                 self.max_batch_size, " (sized from the KV budget)" if plan.batch_auto else "")
         self.scheduler = Scheduler(
-            self.page_manager, config.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
+            self.page_manager, self.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
             self.eos_ids, self.sparse,
         )
         self.sampler = Sampler(self.eos_ids, config.seed)

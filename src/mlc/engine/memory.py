@@ -20,6 +20,10 @@ def available_memory(device: torch.device) -> int:
     raise RuntimeError("cannot read MemAvailable from /proc/meminfo")
 
 
+AUTO_MAX_BATCH = 256  # vLLM's default max_num_seqs; the KV budget usually binds first
+AUTO_TOKENS_PER_SEQ = 512  # the room each sequence of an automatic batch size is planned to hold
+
+
 @dataclass
 class CachePlan:
     num_pages: int  # including the reserved null page
@@ -27,6 +31,8 @@ class CachePlan:
     page_size: int
     budget_bytes: int
     capped_by_need: bool
+    max_batch_size: int = 1  # the batch size asked for, or the one sized from this budget
+    batch_auto: bool = False
 
     @property
     def bytes_per_page(self) -> int:
@@ -37,19 +43,27 @@ class CachePlan:
         return self.num_pages * self.bytes_per_page
 
 
+def auto_batch_size(num_pages: int, page_size: int, max_seq_len: int) -> int:
+    """As many sequences as the cache holds at `AUTO_TOKENS_PER_SEQ` tokens each (fewer if the context is shorter),
+    between 1 and AUTO_MAX_BATCH. Longer sequences still run: the scheduler admits by free pages."""
+    per_seq = -(-min(max_seq_len, AUTO_TOKENS_PER_SEQ) // page_size)
+    return max(1, min(AUTO_MAX_BATCH, (num_pages - 1) // per_seq))
+
+
 def plan_cache(
     bytes_per_token: int,
     page_size: int,
     budget_bytes: int | None,
     fraction: float,
     device: torch.device,
-    max_batch_size: int,
+    max_batch_size: int | None,
     max_seq_len: int,
 ) -> CachePlan:
     """An explicit budget is taken as is; otherwise `fraction` of free memory, but never more than the batch can use
-    (max_batch_size full-length sequences)."""
+    (max_batch_size full-length sequences; AUTO_MAX_BATCH when the batch size is automatic). An automatic batch
+    size (`max_batch_size=None`) is then sized from the pages the budget gives."""
     bytes_per_page = bytes_per_token * page_size
-    need_pages = max_batch_size * ((max_seq_len + page_size - 1) // page_size) + 1
+    need_pages = (max_batch_size or AUTO_MAX_BATCH) * ((max_seq_len + page_size - 1) // page_size) + 1
     if budget_bytes is not None:
         pages, capped = budget_bytes // bytes_per_page, False
     else:
@@ -57,4 +71,5 @@ def plan_cache(
         pages = budget_bytes // bytes_per_page
         capped = pages > need_pages
         pages = min(pages, need_pages)
-    return CachePlan(int(pages), bytes_per_token, page_size, int(budget_bytes), capped)
+    batch = max_batch_size or auto_batch_size(int(pages), page_size, max_seq_len)
+    return CachePlan(int(pages), bytes_per_token, page_size, int(budget_bytes), capped, batch, max_batch_size is None)

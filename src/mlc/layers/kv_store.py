@@ -24,13 +24,14 @@ class PagedTensor:
         return self.data[0].numel() * self.data.element_size()
 
     def write(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        self.data.index_copy_(0, slots, values.to(self.data.dtype))
+        self.data.index_copy_(0, slots, values if values.dtype == self.data.dtype else values.to(self.data.dtype))
 
     def gather(self, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Values at `slots` (any shape), as `[*slots.shape, *self.shape]` in `dtype`."""
         # index_select over rows is several times faster on CPU than advanced indexing
         rows = self.data.view(self.data.shape[0], -1).index_select(0, slots.reshape(-1))
-        return rows.view(*slots.shape, *self.shape).to(dtype)
+        out = rows.view(*slots.shape, *self.shape)
+        return out if out.dtype == dtype else out.to(dtype)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move entries between slots (copy-on-write of shared pages, sparse-KV compaction)."""

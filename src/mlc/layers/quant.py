@@ -84,8 +84,9 @@ def layer_factory(weight_dtype: str, name: str = "", group_size: int = 32, int8_
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int = 32, int8_scheme: str = "mixed",
-                   use_kernels: bool = True, quantize_experts: bool = True) -> QuantReport:
-    """Replace `model`'s Linear layers in place. `use_kernels=False` forces the pure-torch reference path."""
+                   use_kernels: bool = True, quantize_experts: bool = True, head_dtype: str | None = None) -> QuantReport:
+    """Replace `model`'s Linear layers in place. `use_kernels=False` forces the pure-torch reference path.
+    `head_dtype` quantizes the lm_head differently (a Q4 GGUF keeps its head in Q8_0, and so do we)."""
     check_options(weight_dtype, group_size, int8_scheme)
     compute = model.dtype
     target = _FLOATS.get(weight_dtype)
@@ -102,6 +103,9 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
     for name in names:  # one at a time, so each float weight is freed as soon as its replacement exists
         _swap(model, name, q.replace(name, model.get_submodule(name)))
     if head is not None and not isinstance(head, QuantizedLinear):
+        if head_dtype and head_dtype != weight_dtype:
+            check_options(head_dtype, group_size, int8_scheme)
+            q.weight_dtype = head_dtype
         model.lm_head = q.linear("lm_head", head)  # a tied embedding stays where it is, under model.embed_tokens
     del head
     gc.collect()

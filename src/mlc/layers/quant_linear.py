@@ -144,9 +144,10 @@ class Int4Linear(QuantizedLinear):
 
     def matmul(self, x):
         if self.kernel == "int4pack-w4a16":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.to(torch.bfloat16).contiguous(), self.qweight, self.group_size, self.scale_zeros)
-            return self._add_bias(y.to(x.dtype))
+            xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # a bf16 model skips both conversions
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), self.qweight, self.group_size,
+                                                           self.scale_zeros)
+            return self._add_bias(y if x.dtype == torch.bfloat16 else y.to(x.dtype))
         w = qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, x.dtype)
         return F.linear(x, w, self._bias_like(x))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from mlc.config.device import resolve_device, resolve_dtype
+from mlc.config.device import cpu_has_native_bf16, resolve_device, resolve_dtype
 from mlc.models.base import CausalLM
 from mlc.models.compiled import install_quantized_layers, is_compiled, read_compiled_manifest
 from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
@@ -31,6 +31,45 @@ def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
     return weight_dtype
 
 
+# a GGUF's tensor type -> the weight dtype it is served in by default (its own bit width, never blown up to fp32)
+GGUF_WEIGHT_DTYPES = {
+    **dict.fromkeys(("Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
+    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"), "int8"),
+    "F16": "fp16", "BF16": "bf16",
+}
+
+
+def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
+    """(body weight dtype, head weight dtype, why) for a model converted from a quantized GGUF, else None.
+
+    The body follows the GGUF's most common matrix type. llama.cpp's Q4/Q5 mixes keep the token embedding / output
+    in Q8_0 (or Q6_K); when such a wider type is present the head keeps 8 bits too."""
+    import json
+
+    from mlc.models.store_paths import MANIFEST
+
+    try:
+        manifest = json.loads((model_dir / MANIFEST).read_text())
+        types: dict[str, int] = manifest["conversion"]["tensor_types"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    mapped = {t: n for t, n in types.items() if t in GGUF_WEIGHT_DTYPES}
+    if not mapped:
+        return None
+    main = max(mapped, key=mapped.get)
+    body = GGUF_WEIGHT_DTYPES[main]
+    head = "int8" if body == "int4" and any(GGUF_WEIGHT_DTYPES[t] == "int8" for t in mapped) else None
+    shown = ", ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
+    why = f"the GGUF stores its matrices as {main} ({shown})" + (
+        "; the head keeps 8 bits as the GGUF does" if head else "")
+    return body, head, why
+
+
+def describe_weights(net: CausalLM) -> str:
+    """One line for logs and /v1/models: what the weights run as, and why."""
+    return getattr(net, "weight_info", None) or f"{str(net.dtype).removeprefix('torch.')} (checkpoint precision)"
+
+
 def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
                weight_dtype: str = "auto", verify: bool = False) -> CausalLM:
     """Resolve a store name, checkpoint dir or .gguf file, check a store model's files against its manifest
@@ -43,16 +82,31 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     check_at_load(model_dir, full=verify)
     cfg = read_config(model_dir)
     dev = resolve_device(device)
+    head_dtype, asked, why, cast_after = None, weight_dtype, "", None
+    source = source_weight_dtypes(model_dir) if weight_dtype == "auto" and not is_compiled(model_dir) else None
+    if source is not None and dev.type == "cpu":  # elsewhere the quantized layers run their slow reference path
+        weight_dtype, head_dtype, why = source
+        if weight_dtype == "int4" and dtype in (None, "auto") and cpu_has_native_bf16():
+            # the int4 kernel takes bf16 activations: no conversion around every matmul. Weights are quantized from
+            # fp32 first, then what stays float (embedding, norms) is cast
+            cast_after = torch.bfloat16
+            why += "; activations in bf16, which this CPU computes natively"
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
     net = build_model(cfg, dev, dt)
     if is_compiled(model_dir):
         weight_dtype = _load_compiled(net, model_dir, weight_dtype)
+        net.weight_info = f"as compiled ({read_compiled_manifest(model_dir)['options']['weight_dtype']})"
     else:
         with torch.no_grad():
             net.load_weights(iter_safetensors(safetensors_files(model_dir)))
     if weight_dtype != "auto":
         from mlc.layers.quant import quantize_model
 
-        net.quant_report = quantize_model(net, weight_dtype)
+        net.quant_report = quantize_model(net, weight_dtype, head_dtype=head_dtype)
+        head = f", head {head_dtype}" if head_dtype else ""
+        net.weight_info = (f"{weight_dtype}{head} (default: {why}; --weight-dtype fp32 for full precision)"
+                           if asked == "auto" else f"{weight_dtype} (--weight-dtype)")
+    if cast_after is not None:
+        net.to(cast_after)
     net.model_dir = model_dir
     return net

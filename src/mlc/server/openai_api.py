@@ -30,8 +30,8 @@ async def list_models(request: Request):
     state = rr.get_state(request)
     state.require_engine()
     names = [state.model_id, *state.engine.adapter_names]  # the base model, then its LoRA adapters
-    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.engine.max_seq_len)
-                           for n in names])
+    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.engine.max_seq_len,
+                                     weights=state.engine.weights) for n in names])
 
 
 def _begin(body: OpenAIRequest, request: Request):

@@ -318,6 +318,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "mlc"
     max_model_len: int
+    weights: str | None = Field(None, description="What the weights run as and why, e.g. int4 from a Q4_1 GGUF.")
 
 
 class ModelList(BaseModel):

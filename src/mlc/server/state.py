@@ -142,7 +142,7 @@ class ServerState:
     def admit(self, weight: int = 1) -> None:
         """Room for a request of `weight` sequences, or 429: at most max_batch_size + max_queue in flight."""
         self.require_engine()
-        room = self.config.engine.max_batch_size + self.config.max_queue
+        room = self.engine.max_batch_size + self.config.max_queue
         if weight > room:
             raise RequestTooLargeError(
                 f"n={weight} samples exceed what this server holds at once ({room}: --max-batch-size + "
@@ -150,7 +150,7 @@ class ServerState:
         waiting = self.waiting() + weight
         if waiting > self.config.max_queue:
             self.metrics.count_rejected("queue_full")
-            retry = max(1, min(60, math.ceil(self._mean_latency * waiting / self.config.engine.max_batch_size)))
+            retry = max(1, min(60, math.ceil(self._mean_latency * waiting / self.engine.max_batch_size)))
             raise QueueFullError(
                 f"the server queue is full ({self.waiting()} requests waiting, --max-queue "
                 f"{self.config.max_queue}); retry after {retry}s", retry_after=retry)
