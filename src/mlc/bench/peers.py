@@ -53,6 +53,17 @@ def llama(server: Path, gguf: Path, log_dir: Path, threads: int, parallel: int, 
                       log_dir / f"llama-server-{port}.log")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, get SIGTERM when the benchmark process dies, so that a killed
+    benchmark never leaves servers running (they would skew whatever runs next)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class RunningServer:
     """Context manager: start the server, wait until its health route answers 200, stop it on exit."""
 
@@ -67,7 +78,8 @@ class RunningServer:
         log = open(self.spec.log, "w")
         start = time.perf_counter()
         self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **self.spec.env}, start_new_session=True)
+                                     env={**os.environ, **self.spec.env}, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         log.close()
         deadline = start + self.timeout
         while time.perf_counter() < deadline:

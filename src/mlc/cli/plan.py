@@ -102,7 +102,7 @@ def plan_command(
     engine = load_config(config, ServeConfig, overrides).engine
     request = PlanRequest(
         seq_len=engine.max_seq_len or 32768,
-        batch=engine.max_batch_size,
+        batch=engine.max_batch_size or 8,  # unset (the engine sizes it from the KV budget): plan for 8
         dtype=engine.dtype, weight_dtype=engine.weight_dtype, kv_dtype=engine.kv_cache_dtype,
         page_size=engine.page_size, devices=devices,
         sparse_kv_ratio=engine.sparse_kv.ratio if engine.sparse_kv else None,
