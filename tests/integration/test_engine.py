@@ -18,7 +18,8 @@ GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0.0)
 def base(default_model_dir):
     """One loaded model and tokenizer; each configuration below gets its own engine around them."""
     llm = LLM(str(default_model_dir), max_batch_size=32, enable_prefix_caching=False, kv_cache_memory="256MiB",
-              weight_dtype="fp32")  # parity with transformers: the GGUF default would be int4
+              weight_dtype="fp32", max_num_batched_tokens=512)  # parity with transformers; 512: chunking and
+    # preemption stay exercised (the defaults are int4 weights and 4096-token steps)
     return llm
 
 

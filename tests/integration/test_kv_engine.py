@@ -22,7 +22,8 @@ SPARSE = SparseKVConfig(window=32, ratio=0.25, min_context=64, sink_tokens=4)
 @pytest.fixture(scope="module")
 def base(default_model_dir):
     return LLM(str(default_model_dir), max_batch_size=8, enable_prefix_caching=False, kv_cache_memory="64MiB",
-               weight_dtype="fp32")  # parity with transformers: the GGUF default would be int4
+               weight_dtype="fp32", max_num_batched_tokens=512)  # parity with transformers, as before the int4
+    # and 4096-token-step defaults
 
 
 def engine_like(base, **overrides) -> LLM:

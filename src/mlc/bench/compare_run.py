@@ -54,7 +54,7 @@ def offline_prompt_ids(model: str, n: int) -> tuple[list[list[int]], Path, int]:
     ids = []
     for conv in chat_prompts(n):
         x = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
-        ids.append(list(x["input_ids"]) if isinstance(x, dict) else list(x))
+        ids.append(list(x["input_ids"]) if hasattr(x, "keys") else list(x))  # a BatchEncoding, or plain ids
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     return ids, model_dir, pad
 
@@ -188,8 +188,9 @@ def markdown(result: dict) -> str:
     if off:
         cb = off.get("transformers_cb") or {}
         peer = (off.get("peer_batch") or {}).get("tok_s")
+        ours_row = f"mlc LLM() ({off['weights'].split(' (')[0]}, max_batch_size {off['max_batch_size']})"
         lines += ["", "### Offline (`LLM(model).generate`, defaults)", "", "| engine | tok/s | mlc ratio |",
-                  "|---|---|---|", f"| mlc LLM() | {_f(off['ours_batch']['tok_s'])} | |",
+                  "|---|---|---|", f"| {ours_row} | {_f(off['ours_batch']['tok_s'])} | |",
                   f"| transformers generate, batches of {off['peer_batch_size']} | {_f(peer)} | "
                   f"{_ratio(off['ours_batch']['tok_s'], peer)} |"]
         if "tok_s" in cb:

@@ -43,6 +43,8 @@ class OfflineReport:
     ours_peak_rss_mib: float
     config: dict = field(default_factory=dict)
     outputs_agree: float | None = None  # fraction of prompts whose greedy tokens equal transformers' (batch 1)
+    weights: str = ""  # what our weights ran as (LLMEngine.weights)
+    max_batch_size: int = 0  # the batch size in force (sized from the KV budget unless given)
 
     def ratio(self, which: str) -> float | None:
         ours, peer = getattr(self, f"ours_{which}"), getattr(self, f"peer_{which}")
@@ -88,9 +90,10 @@ def run_ours(config: EngineConfig, prompts: list[list[dict]], max_new_tokens: in
     greedy_one = [llm.generate(i, SamplingParams(max_new_tokens=32, temperature=0.0))[0].outputs[0].token_ids
                   for i in ids[:5]]
     model_dir = llm.engine.model.model_dir
+    engine_facts = {"weights": llm.engine.weights, "max_batch_size": llm.engine.max_batch_size}
     del llm
     gc.collect()
-    return batch, single, ids, greedy_one, model_dir
+    return batch, single, ids, greedy_one, model_dir, engine_facts
 
 
 def run_peer(model_dir, ids: list[list[int]], max_new_tokens: int, batch_size: int, greedy_ref: list[list[int]]):
@@ -140,10 +143,10 @@ def run_peer(model_dir, ids: list[list[int]], max_new_tokens: int, batch_size: i
 def run_offline(config: EngineConfig, num_prompts: int = 32, max_new_tokens: int = 128,
                 peer_batch_size: int = 8, with_peer: bool = True) -> OfflineReport:
     prompts = chat_prompts(num_prompts)
-    batch, single, ids, greedy_one, model_dir = run_ours(config, prompts, max_new_tokens)
+    batch, single, ids, greedy_one, model_dir, facts = run_ours(config, prompts, max_new_tokens)
     rss = peak_rss_mib()
     peer_batch = peer_single = agree = None
     if with_peer:
         peer_batch, peer_single, agree = run_peer(model_dir, ids, max_new_tokens, peer_batch_size, greedy_one)
     return OfflineReport(config.model, num_prompts, max_new_tokens, batch, single, peer_batch, peer_single,
-                         peer_batch_size, rss, config.model_dump(), agree)
+                         peer_batch_size, rss, config.model_dump(), agree, **facts)

@@ -23,5 +23,9 @@ def run_transformers_cb(model_dir, ids: list[list[int]], max_new_tokens: int, pa
         out = net.generate_batch(ids, generation_config=gen, progress_bar=False)
         seconds = time.perf_counter() - start
     tokens = sum(len(o.generated_tokens) for o in out.values())
+    failed = [rid for rid, o in out.items() if getattr(o, "error", None) or len(o.generated_tokens) != max_new_tokens]
+    if len(out) != len(ids) or failed:  # its failures are logged, not raised: never report them as a speed
+        raise RuntimeError(f"transformers generate_batch failed on {len(failed) or len(ids) - len(out)} of "
+                           f"{len(ids)} requests (see its log above)")
     return {"label": "transformers generate_batch (continuous batching)", "requests": len(ids),
             "output_tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds if seconds else 0.0}

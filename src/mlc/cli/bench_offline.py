@@ -20,14 +20,12 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def report_table(r) -> Table:
-    weights = r.config.get("weight_dtype", "auto")
     t = Table(title=f"bench offline: {r.model}, {r.num_prompts} chat prompts x {r.max_new_tokens} new tokens, greedy; "
-                    f"mlc weights {'fp32' if weights == 'auto' else weights}, transformers fp32")
+                    f"mlc weights {r.weights}, max_batch_size {r.max_batch_size}; transformers fp32")
     for col in ("", "mlc", "transformers", "ratio"):
         t.add_column(col, justify="right" if col else "left")
     pb, ps = r.peer_batch, r.peer_single
-    t.add_row(f"throughput tok/s (mlc max_batch_size {r.config['max_batch_size']}; "
-              f"transformers batches of {r.peer_batch_size})",
+    t.add_row(f"throughput tok/s (transformers batches of {r.peer_batch_size})",
               _fmt(r.ours_batch.tok_s), _fmt(pb.tok_s if pb else None), _fmt(r.ratio("batch"), 2) + "x")
     t.add_row("batch-1 decode tok/s", _fmt(r.ours_single.tok_s), _fmt(ps.tok_s if ps else None),
               _fmt(r.ratio("single"), 2) + "x")

@@ -86,9 +86,9 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     source = source_weight_dtypes(model_dir) if weight_dtype == "auto" and not is_compiled(model_dir) else None
     if source is not None and dev.type == "cpu":  # elsewhere the quantized layers run their slow reference path
         weight_dtype, head_dtype, why = source
-        if weight_dtype == "int4" and dtype in (None, "auto") and cpu_has_native_bf16():
-            # the int4 kernel takes bf16 activations: no conversion around every matmul. Weights are quantized from
-            # fp32 first, then what stays float (embedding, norms) is cast
+        if weight_dtype in ("int4", "int8") and dtype in (None, "auto") and cpu_has_native_bf16():
+            # the int4 and int8 (W8A16) kernels take bf16 activations: no conversion around every matmul. Weights are
+            # quantized from fp32 first, then what stays float (embedding, norms) is cast
             cast_after = torch.bfloat16
             why += "; activations in bf16, which this CPU computes natively"
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
@@ -102,7 +102,10 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     if weight_dtype != "auto":
         from mlc.layers.quant import quantize_model
 
-        net.quant_report = quantize_model(net, weight_dtype, head_dtype=head_dtype)
+        # the default path keeps a request's output independent of its batch: W8A16 (per-row), never fbgemm's
+        # W8A8, whose activation scale is shared by the whole batch
+        scheme = "w8a16" if asked == "auto" else "mixed"
+        net.quant_report = quantize_model(net, weight_dtype, int8_scheme=scheme, head_dtype=head_dtype)
         head = f", head {head_dtype}" if head_dtype else ""
         net.weight_info = (f"{weight_dtype}{head} (default: {why}; --weight-dtype fp32 for full precision)"
                            if asked == "auto" else f"{weight_dtype} (--weight-dtype)")

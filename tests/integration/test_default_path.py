@@ -1,0 +1,30 @@
+"""The path a user gets with no flags: the default model's Q4_1 GGUF runs as int4 (8-bit head) and a request's
+greedy output does not depend on what else is in its batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlc.engine.llm import LLM
+from mlc.engine.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(default_model_dir):
+    return LLM(str(default_model_dir), kv_cache_memory="128MiB")
+
+
+def test_the_gguf_bit_width_is_kept_and_said(llm):
+    engine = llm.engine
+    assert engine.weights.startswith("int4, head int8 (default: the GGUF stores its matrices as Q4_1")
+    kernels = engine.model.quant_report.kernels
+    assert "fbgemm-w8a8" not in kernels  # its activation scale is shared by the batch: never on the default path
+    assert engine.max_batch_size == min(256, (engine.cache_plan.num_pages - 1) // (512 // 16))
+
+
+def test_a_request_alone_equals_it_among_others(llm):
+    greedy = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True)
+    prompts = ["The sea is", "Tell me about cats.", "1 2 3 4", "Write a poem about the moon and the stars.", "Hi"]
+    alone = [llm.generate(p, greedy)[0].outputs[0].token_ids for p in prompts]
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts * 3, greedy)]
+    assert together == alone * 3
