@@ -133,3 +133,12 @@ class RequestTimeoutError(MlcError):
 
 class UnsupportedFeatureError(InvalidRequestError):
     error_type = "unsupported_feature"
+
+
+class ClusterError(MlcError):
+    """A Ray cluster that cannot be used: ray not installed, an unreachable address, too few devices or a
+    deployment whose replicas did not come up."""
+
+    exit_code = 10
+    http_status = 503
+    error_type = "cluster_error"

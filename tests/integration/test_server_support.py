@@ -24,7 +24,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None):
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None, model: str = MODEL):
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -35,7 +35,7 @@ class ServerProcess:
         child_env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
                           "TOKENIZERS_PARALLELISM": "false", "MLC_CONFIG": str(tmp / "no-user-config.yaml")})
         child_env.update(env or {})
-        cmd = [sys.executable, "-m", "mlc.cli.main", "serve", "--model", MODEL, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "mlc.cli.main", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(self.port), *BASE_ARGS, *args]
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(cmd, env=child_env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -1,4 +1,5 @@
-"""Streaming completions: logprob text offsets count token pieces, whatever text the engine holds back."""
+"""Streaming completions: logprob text offsets count token pieces, whatever text the engine holds back; with echo,
+the prompt's tokens come first (the first without a logprob)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from mlc.engine.sequence import TokenLogprob
 from mlc.server.openai_format import CompletionStream, completion_logprobs
 
-PIECES = {1: "Hi", 2: " there", 3: "\n", 4: "!"}
+PIECES = {0: "Say: ", 1: "Hi", 2: " there", 3: "\n", 4: "!"}
 
 
 class Pieces:
@@ -30,5 +31,14 @@ def test_stream_offsets_equal_the_non_streaming_ones_when_text_is_held_back():
     for upto, text in ((1, "Hi"), (2, " there"), (3, ""), (4, "\n!")):
         for chunk in stream.chunks(output(tokens[:upto], tokens[upto - 1 : upto], text)):
             offsets += chunk["choices"][0]["logprobs"]["text_offset"]
-    whole = completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], Pieces(), False, len("Say: "))
-    assert offsets == whole.text_offset == [5, 7, 13, 14]
+    whole = completion_logprobs([TokenLogprob(t, -1.0) for t in tokens], Pieces(), False, 0, ([0], []))
+    assert offsets == whole.text_offset == [0, 5, 7, 13, 14]
+    assert whole.token_logprobs == [None, -1.0, -1.0, -1.0, -1.0]
+
+
+def test_echo_reports_prompt_logprobs_first():
+    lps = completion_logprobs([TokenLogprob(4, -0.5, [(4, -0.5), (1, -2.0)])], Pieces(), True, 0,
+                              ([0, 1, 2], [-3.0, -float("inf")]))
+    assert lps.tokens == ["Say: ", "Hi", " there", "!"]
+    assert lps.token_logprobs == [None, -3.0, -9999.0, -0.5]
+    assert lps.top_logprobs == [None, {"Hi": -3.0}, {" there": -9999.0}, {"!": -0.5, "Hi": -2.0}]

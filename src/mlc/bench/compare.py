@@ -127,7 +127,8 @@ def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenize
     for s in _interleave(servers, step):
         runs = []
         for i in range(3):  # a distinct first line each time: no server can answer from its prompt cache
-            body = _chat(mid[s.spec.label], [{"role": "user", "content": f"Document {i + 1} of 3.\n{long}\n\nSummarize it."}], 1)
+            doc = f"Document {i + 1} of 3.\n{long}\n\nSummarize it."
+            body = _chat(mid[s.spec.label], [{"role": "user", "content": doc}], 1)
             runs.append(asyncio.run(_level(s.spec.url, [body], 1, _bench_cfg(cfg, s.spec.url))).as_dict())
         ttfts = [r["ttft_ms"]["p50"] for r in runs if r["completed"]]
         tokens = runs[0]["prompt_tokens"]

@@ -85,7 +85,8 @@ def register(bench_app: typer.Typer) -> None:
         from_json: Annotated[Optional[Path], typer.Option("--from-json", help="Print and plot an earlier kv.json "
                                                           "instead of running.")] = None,
         threads: Annotated[Optional[int], typer.Option(help="CPU threads (1 is faster on a busy machine).")] = None,
-        output: Annotated[Path, typer.Option("--output", "-o", help="Directory for kv.json and kv.png.")] =
+        output: Annotated[Path, typer.Option(
+            "--out", "-o", "--output", help="Directory for kv.json and kv.png.")] =
             Path("bench-kv"),
     ) -> None:
         """KV bytes/token, max sequences in a budget, decode tok/s and quality vs fp32 full KV, per dtype and ratio."""

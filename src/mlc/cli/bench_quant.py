@@ -111,13 +111,19 @@ def register(bench_app: typer.Typer) -> None:
 
         chosen = [parse_variant(v.strip()) for v in variants.split(",") if v.strip()]
         plan = None if no_quality else QualityPlan.quick() if quick else QualityPlan()
-        def progress(v) -> None:  # a long run shows each variant as it lands
-            ppl = f", perplexity {v.perplexity:.3f}" if v.perplexity else ""
-            console.print(f"{v.label}: {v.weight_bytes / 1e6:.0f} MB, b1 {v.decode_b1_tok_s:.1f} tok/s, "
-                          f"b8 {v.decode_b8_tok_s:.1f} tok/s{ppl}", highlight=False)
+        from mlc.cli.progress import progress_bar
 
-        report = run_quant_bench(model, chosen, device, threads, decode_tokens, repeats, plan, not no_peer,
-                                 on_variant=progress)
+        with progress_bar() as bar:
+            task = bar.add_task("bench quant: variants", total=len(chosen))
+
+            def progress(v) -> None:  # a long run shows each variant as it lands
+                ppl = f", perplexity {v.perplexity:.3f}" if v.perplexity else ""
+                console.print(f"{v.label}: {v.weight_bytes / 1e6:.0f} MB, b1 {v.decode_b1_tok_s:.1f} tok/s, "
+                              f"b8 {v.decode_b8_tok_s:.1f} tok/s{ppl}", highlight=False)
+                bar.advance(task)
+
+            report = run_quant_bench(model, chosen, device, threads, decode_tokens, repeats, plan, not no_peer,
+                                     on_variant=progress)
         console.print(speed_table(report))
         peer = report.peer
         console.print(f"{peer.name}: {peer.tok_s:.1f} tok/s ({peer.note})", highlight=False)

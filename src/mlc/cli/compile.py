@@ -35,9 +35,16 @@ def register(app: typer.Typer) -> None:
 
             align = load_profile(hardware).alignment
         start = time.perf_counter()
-        with console.status(f"compiling {model}"):
+        from mlc.cli.progress import progress_bar
+
+        with progress_bar() as bar:
+            task = bar.add_task(f"compiling {model}", total=None)
+
+            def step(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=f"compiling {model}: {what}")
+
             res = compile_model(model, out, weight_dtype, group_size, alignment=align or 1, overwrite=overwrite,
-                                source_note={"hardware": hardware} if hardware else None)
+                                source_note={"hardware": hardware} if hardware else None, progress=step)
         pad = f", MLP width {res.padded_intermediate[0]} -> {res.padded_intermediate[1]}" if res.padded_intermediate else ""
         console.print(f"compiled {model} -> {res.out_dir} ({res.weight_dtype}, {res.quantized_layers} quantized layers"
                       f"{pad}, {res.bytes_written / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")

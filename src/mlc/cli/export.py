@@ -20,9 +20,17 @@ def export_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it exists."),
 ) -> None:
     """Write the merged checkpoint (config.json + safetensors + tokenizer) or a copy of the adapter."""
+    from mlc.cli.progress import progress_bar
     from mlc.train.export import export_adapter
 
-    path = export_adapter(adapter, out, merge=merge, model=model, dtype=dtype, overwrite=overwrite)
+    with progress_bar(quiet=not merge) as bar:  # a copy of the adapter is instant
+        task = bar.add_task("merging", total=4)
+
+        def step(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"export --merge: {what}")
+
+        path = export_adapter(adapter, out, merge=merge, model=model, dtype=dtype, overwrite=overwrite,
+                              progress=step)
     kind = "merged checkpoint" if merge else "PEFT adapter"
     console.print(f"wrote {kind} to {path}", highlight=False, soft_wrap=True)
 

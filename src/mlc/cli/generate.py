@@ -22,9 +22,11 @@ def register(app: typer.Typer) -> None:
     def generate(
         model: common.ModelOpt = "smollm2-135m-instruct",
         prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
-        prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="JSONL of prompts.")] = None,
+        prompts_file: Annotated[Optional[Path], typer.Option(
+            "--prompts-file", "--prompt-file", help="JSONL of prompts.")] = None,
         chat: Annotated[bool, typer.Option("--chat", help="Wrap --prompt in the model's chat template.")] = False,
-        output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write results as JSONL here.")] = None,
+        output: Annotated[Optional[Path], typer.Option(
+            "--out", "-o", "--output", help="Write results as JSONL here.")] = None,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 128,
         temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
         top_p: float = 1.0,

@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "models", "generate", "chat", "serve", "bench",
     "preprocess", "train", "evaluate", "export",
     "plan", "doctor", "compile", "config_cmd",
+    "deploy", "launcher",
 ]
 
 app = typer.Typer(
@@ -47,14 +48,33 @@ def _root(
         raise typer.Exit()
 
 
+def _translated(argv: list[str]) -> list[str]:
+    """Other tools' flags in our spellings (mlc/cli/compat.py), with a note on stderr for each one translated."""
+    from mlc.cli.compat import translate_argv
+
+    result = translate_argv(typer.main.get_command(app), argv)
+    for note in result.notes:
+        err_console.print(f"[cyan]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+    return result.argv
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _register_all()
     try:
-        app(args=argv, prog_name="mlc-cli")
+        args = _translated(sys.argv[1:] if argv is None else argv)
+        app(args=args, prog_name="mlc-cli")
     except MlcError as e:
         err_console.print(f"[bold red]error:[/] {escape(e.message)}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except ModuleNotFoundError as e:
+        from mlc.cli.extras import missing_extra_message
+
+        message = missing_extra_message(e)
+        if message is None:
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        sys.exit(MlcError.exit_code)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

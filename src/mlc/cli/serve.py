@@ -37,8 +37,10 @@ def parse_loras(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def build_config(config: Path | None, overrides: dict[str, Any], api_keys: list[str], profiles: dict[str, int]):
-    """ServeConfig from the file, then flags; keys and profiles add to the file's (flags win on a name)."""
+def build_config(config: Path | None, overrides: dict[str, Any], api_keys: list[str], profiles: dict[str, int],
+                 notes: list[str] | None = None):
+    """ServeConfig from the file, then flags, then ASCEND_MAX_MEM; keys and profiles add to the file's (flags win on
+    a name). `notes` gets a line per key, flag or variable translated from another tool's spelling."""
     from mlc.config.loader import load_config, read_yaml
     from mlc.config.serve_config import ServeConfig
     from mlc.server.auth import keys_from_env
@@ -49,7 +51,17 @@ def build_config(config: Path | None, overrides: dict[str, Any], api_keys: list[
         overrides["api_keys"] = keys
     if profiles:
         overrides["context_profiles"] = {**(base.get("context_profiles") or {}), **profiles}
-    return load_config(config, ServeConfig, overrides)
+    notes = notes if notes is not None else []
+    cfg = load_config(config, ServeConfig, overrides, notes=notes)
+    notes += common.ascend_notes(cfg.engine)
+    return cfg
+
+
+def pick_model(positional: str | None, flag: str | None) -> str | None:
+    """`mlc-cli serve MODEL` (vLLM's habit) or `--model MODEL`; both is fine when they agree."""
+    if positional and flag and positional != flag:
+        raise ConfigError(f"the model is given twice ({positional!r} and --model {flag!r}); give it once")
+    return positional or flag
 
 
 def check_model(model: str, verify: bool = False) -> None:
@@ -62,6 +74,9 @@ def check_model(model: str, verify: bool = False) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def serve(
+        model_arg: Annotated[Optional[str], typer.Argument(
+            metavar="MODEL", help="Store name, HF checkpoint dir, org/name in the HF cache or .gguf file "
+            "(same as --model).", show_default=False)] = None,
         model: common.ModelOpt = None,
         host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
         port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
@@ -71,11 +86,15 @@ def register(app: typer.Typer) -> None:
         weight_dtype: common.WeightDtypeOpt = None,
         kv_cache_dtype: common.KVDtypeOpt = None,
         kv_cache_memory: common.KVMemOpt = None,
+        kv_cache_fraction: Annotated[Optional[float], typer.Option(
+            help="Share of the memory free after the weights load that the KV cache takes, when --kv-cache-memory "
+            "is not given (default 0.5; vLLM's --gpu-memory-utilization reads as this).")] = None,
         page_size: common.PageSizeOpt = None,
         max_batch_size: common.BatchOpt = None,
         max_seq_len: common.SeqLenOpt = None,
         max_num_batched_tokens: common.TokensOpt = None,
-        prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching")] = None,
+        prefix_caching: Annotated[Optional[bool], typer.Option(
+            "--prefix-caching/--no-prefix-caching", "--enable-prefix-caching/--no-enable-prefix-caching")] = None,
         seed: Annotated[Optional[int], typer.Option(help="Engine seed for unseeded sampling.")] = None,
         api_key: Annotated[Optional[list[str]], typer.Option(
             "--api-key", help="Accepted bearer key (repeatable); MLC_API_KEY may hold more, comma-separated.")] = None,
@@ -94,7 +113,11 @@ def register(app: typer.Typer) -> None:
             "--context-profile", help="NAME=TOKENS, a named context limit requests pick (repeatable).")] = None,
         default_max_tokens: Annotated[Optional[int], typer.Option(
             help="Completion length when a request gives none (default 512).")] = None,
-        served_model_name: Annotated[Optional[str], typer.Option(help="Model id for clients; default --model.")] = None,
+        served_model_name: Annotated[Optional[str], typer.Option(
+            help="Model id for clients; default: the model.")] = None,
+        tool_call_parser: Annotated[Optional[str], typer.Option(
+            help="Tool call format: glm45, glm4, hermes or llama3_json (vLLM's names too); default: read from the "
+            "chat template.")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
         threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: one per core).")] = None,
@@ -102,12 +125,16 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
         access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
     ) -> None:
-        """Serve a model over HTTP: /generate, /v1/completions, /v1/chat/completions, /metrics, a chat page at /."""
+        """Serve a model over HTTP: /generate, /v1/completions, /v1/chat/completions, /metrics, a chat page at /.
+
+        Also takes vLLM's and MindIE's flag names (--gpu-memory-utilization, --device_id, ...; see the README);
+        each one translated prints what it became."""
         from mlc.server.hooks import load_hooks
         from mlc.server.run import build_server
 
         overrides = common.engine_overrides(
-            model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
+            model=pick_model(model_arg, model), device=device, kv_cache_fraction=kv_cache_fraction, dtype=dtype,
+            weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory=kv_cache_memory, page_size=page_size, max_batch_size=max_batch_size,
             max_seq_len=max_seq_len, max_num_batched_tokens=max_num_batched_tokens,
             enable_prefix_caching=prefix_caching, seed=seed, num_threads=threads, verify=verify,
@@ -117,10 +144,13 @@ def register(app: typer.Typer) -> None:
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
             "audit_log_content": audit_log_content, "strict_input": strict_input,
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
+            "tool_call_parser": tool_call_parser,
         }
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)
-        cfg = build_config(config, overrides, list(api_key or []), parse_profiles(context_profile))
+        notes: list[str] = []
+        cfg = build_config(config, overrides, list(api_key or []), parse_profiles(context_profile), notes)
+        common.print_notes(notes)
         hooks = load_hooks()
         check_model(cfg.engine.model, cfg.engine.verify)
         level = log_level.upper()
@@ -134,7 +164,8 @@ def register(app: typer.Typer) -> None:
                       "port can use the model", highlight=False)
         hook_note = f", {len(hooks.post_inference)} post_inference hook(s)" if hooks.post_inference else ""
         err.print(f"serving [bold]{cfg.engine.model}[/] on http://{cfg.host}:{cfg.port} ({auth}{hook_note}); "
-                  "the model loads in the background, /health answers 200 when it is ready", highlight=False)
+                  "the model loads in the background, /health answers 200 when it is ready", highlight=False,
+                  soft_wrap=True)
         server.run()
         if server.state.exit_code:
             raise typer.Exit(server.state.exit_code)

@@ -50,31 +50,69 @@ def _report(result) -> None:
     console.print(table)
 
 
+def split_config_arg(args: list[str], config: Path | None) -> tuple[list[str], Path | None]:
+    """`mlc-cli train lora.yaml key=value` (LLaMA-Factory's habit): a first argument ending in .yaml/.yml is the
+    config file."""
+    from mlc.errors import ConfigError
+
+    if not args or "=" in args[0] or not args[0].endswith((".yaml", ".yml")):
+        return args, config
+    if config is not None and Path(args[0]) != config:
+        raise ConfigError(f"two configs given ({args[0]} and --config {config}); give one")
+    return args[1:], Path(args[0])
+
+
 def train_cmd(
     args: Optional[list[str]] = typer.Argument(
-        None, help="Config overrides as key=value (optimizer.lr=1e-4 max_steps=20), or `plot RUN_DIR`."
+        None, help="[CONFIG.yaml] then config overrides as key=value (optimizer.lr=1e-4 max_steps=20), "
+        "or `plot RUN_DIR`."
     ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML training config (see configs/)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint (must exist)."),
     fresh: bool = typer.Option(False, "--fresh", help="Delete output_dir's checkpoints and log, start over."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Data-parallel processes (torchrun; gloo on CPU)."),
+    nproc: Optional[int] = typer.Option(
+        None, "--nproc", min=1, help="Data-parallel processes (torchrun; gloo on CPU). Default: the config's nproc "
+        "(parallel_config.data_parallel), else 1."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or per-step lines."),
     smoothing: Optional[float] = typer.Option(
         None, "--smoothing", help="`train plot`: EMA weight of the smoothed curve (default: by run length)."
     ),
     inject_nonfinite_steps: Optional[str] = typer.Option(None, hidden=True, help="Testing: make these steps' loss inf."),
+    ui: bool = typer.Option(False, "--ui", help="Show the live loss curve, lr, grad norm, ETA and checkpoints in a "
+                            "browser page on 127.0.0.1 (port --ui-port) while training."),
+    ui_port: int = typer.Option(8090, "--ui-port", min=0, max=65535, help="Port of the --ui page (0: any free port)."),
+    cluster_config: Optional[Path] = typer.Option(
+        None, "--cluster-config", help="Run on the cluster's training pool with Ray Train (DDP workers, checkpoints "
+        "on its training.storage, restarts after a worker dies)."),
 ) -> None:
-    """Fine-tune a LoRA adapter. Resumes automatically when output_dir has a checkpoint (`--fresh` to restart)."""
+    """Fine-tune a LoRA adapter. Resumes automatically when output_dir has a checkpoint (`--fresh` to restart).
+
+    Also reads the tutorial's lora YAML (lora_config, parallel_config) and LLaMA-Factory's keys, and MindFormers'
+    run_mindformer.py flags (--run_mode, --device_target, --data_url, --ckpt_url, --output_dir)."""
     args = list(args or [])
     if args and args[0] == "plot":
         return _plot(args[1:], smoothing)
+    from mlc.cli.common import print_notes
     from mlc.config.loader import load_train_config
     from mlc.errors import ConfigError
     from mlc.train.distributed import launch, launched_by_torchrun
 
     if resume and fresh:
         raise ConfigError("--resume and --fresh contradict each other; pick one")
-    cfg = load_train_config(config, args)  # validate before spawning workers
+    args, config = split_config_arg(args, config)
+    notes: list[str] = []
+    cfg = load_train_config(config, args, notes)  # validate before spawning workers
+    if not launched_by_torchrun():
+        print_notes(notes)
+        if ui:
+            from mlc.train.ui import start_ui
+
+            start_ui(cfg.output_dir, ui_port)
+    if cluster_config is not None:
+        from mlc.cli.deploy import train_on_cluster_cmd
+
+        return train_on_cluster_cmd(cluster_config, config, args, cfg, resume, fresh)
+    nproc = nproc or cfg.nproc
     if nproc > 1 and not launched_by_torchrun():
         worker_args = ["train", *(["--config", str(config)] if config else []), *args]
         worker_args += [flag for flag, on in (("--resume", resume), ("--fresh", fresh), ("--quiet", quiet)) if on]

@@ -51,30 +51,42 @@ def load_config(
     schema: type[T],
     overrides: dict[str, Any] | None = None,
     assignments: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
 ) -> T:
     """The schema built from `path` (None -> defaults), then `overrides` (flag values by dotted key, None: flag not
-    given), then `assignments` (parsed `key=value` strings, where `key=null` sets null)."""
+    given), then `assignments` (parsed `key=value` strings, where `key=null` sets null). `notes` gets one line per
+    key or value that was translated from another tool's spelling (`file: use_paged_attn -> paged_attention`)."""
     data = read_yaml(path) if path is not None else {}
     label = str(path) if path is not None else "<defaults>"
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    return validate_config(data, schema, label, {**given, **(assignments or {})})
+    return validate_config(data, schema, label, {**given, **(assignments or {})}, notes)
 
 
-def validate_config(raw: dict, schema: type[T], label: str = "<config>", overrides: dict[str, Any] | None = None) -> T:
+def _no_aliases(data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:
+    return data, {}
+
+
+def validate_config(raw: dict, schema: type[T], label: str = "<config>", overrides: dict[str, Any] | None = None,
+                    notes: list[str] | None = None) -> T:
     """`raw` (aliases allowed) as a `schema`, with `overrides` (dotted keys, aliases allowed) set over its values."""
-    normalize = getattr(schema, "normalize_aliases", None) or (lambda d: (d, {}))
+    normalize = getattr(schema, "normalize_aliases", None) or _no_aliases
     overrides = overrides or {}
     ours = {key: our_key(normalize, key) for key in overrides}
     data, origin = copy.deepcopy(raw), {}
     for key in [k for k, o in ours.items() if o is None]:  # reshaped by the aliases (beta1): merged with the file's
         set_path(data, key, overrides[key])
+    value_notes: list[str] = []
     try:
-        data, origin = normalize(data)
+        data, origin = normalize(data, value_notes)
+        translated = [f"{theirs} -> {ours_}" for ours_, theirs in origin.items()]
         for key, dotted in ours.items():
             if dotted is not None:
                 set_path(data, dotted, overrides[key])
             origin[dotted or key] = COMMAND_LINE
-        return schema(**data)
+        config = schema(**data)
+        if notes is not None:
+            notes.extend(f"{label}: {line}" for line in dict.fromkeys([*translated, *value_notes]))
+        return config
     except ValidationError as e:
         raise ConfigError(format_validation_error(label, e, schema, origin, data)) from None
     except ValueError as e:  # an alias and our key that disagree
@@ -86,7 +98,7 @@ def our_key(normalize, key: str) -> str | None:
     probe: dict = {}
     set_path(probe, key, _PROBE)
     try:
-        return _path_to(normalize(probe)[0], _PROBE)
+        return _path_to(normalize(probe, [])[0], _PROBE)
     except ValueError:
         return None
 
@@ -201,7 +213,8 @@ def detect_kind(data: dict) -> str:
     """Which schema a config file is for, from its top-level keys."""
     if "nodes" in data or "image" in data:
         return "cluster"
-    if {"lora", "optimizer", "data", "lr_schedule"} & set(data):
+    if {"lora", "optimizer", "data", "lr_schedule", "lora_config", "parallel_config", "model_name_or_path",
+            "finetuning_type", "cutoff_len", "lora_rank", "lora_target"} & set(data):
         return "lora"
     return "serve"
 
@@ -214,9 +227,10 @@ def load_any(
     return kind, load_config(path, schema_for(kind), assignments=assignments)
 
 
-def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+def load_train_config(path: str | Path | None, overrides: list[str] | None = None,
+                      notes: list[str] | None = None) -> TrainConfig:
     """`mlc-cli train`: the file (or the defaults) with `key=value` overrides on top (`key=null` sets null)."""
-    return load_config(path, TrainConfig, assignments=parse_overrides(overrides))
+    return load_config(path, TrainConfig, assignments=parse_overrides(overrides), notes=notes)
 
 
 def validate_train_config(raw: dict[str, Any], label: str = "<config>") -> TrainConfig:

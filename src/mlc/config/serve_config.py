@@ -3,6 +3,9 @@
 Also accepts the reference tutorial's `glm5_infer.yaml` shape through the aliases in `ALIASES` (documented in
 `templates/serve.yaml`): flat engine keys at the top level, `attn_config: {paged_attn, page_size,
 sparse_kv_ratio}`, `use_paged_attn` / `enable_paged_attention`, and `attn_implementation: flash`.
+
+`attn_implementation` and `paged_attention` describe the one attention path mlc has (torch SDPA over a paged KV
+cache): values that say so are accepted, values that ask for something else are refused, never ignored.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ ALIASES: dict[str, str] = {
     "sparse_kv_ratio": "engine.sparse_kv.ratio",
 }
 # torch SDPA dispatches to a FlashAttention kernel where the device has one, so "flash" means "sdpa" here.
-ATTN_IMPLEMENTATION_ALIASES = {"flash": "sdpa", "flash_attention": "sdpa", "flash_attention_2": "sdpa", "eager": "sdpa"}
+ATTN_IMPLEMENTATION_ALIASES = {"flash": "sdpa", "flash_attention": "sdpa", "flash_attention_2": "sdpa", "fa2": "sdpa"}
+ONE_BACKEND = "mlc has one attention path: torch SDPA over the paged KV cache"
 
 
-def normalize_serve_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
-    """Rewrite aliases to our keys. Returns the new dict and {our key: key as the user wrote it}."""
+def normalize_serve_aliases(raw: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:
+    """Rewrite aliases to our keys. Returns the new dict and {our key: key as the user wrote it}; `notes` gets a
+    line for each value rewritten (`attn_implementation: flash -> sdpa`)."""
     data = copy.deepcopy(raw)
     origin: dict[str, str] = {}
 
@@ -42,6 +47,9 @@ def normalize_serve_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
     impl = data.get("attn_implementation")
     if isinstance(impl, str) and impl.lower() in ATTN_IMPLEMENTATION_ALIASES:
         data["attn_implementation"] = ATTN_IMPLEMENTATION_ALIASES[impl.lower()]
+        if notes is not None:
+            notes.append(f"attn_implementation: {impl} -> sdpa (torch SDPA, which runs FlashAttention kernels where "
+                         "the device has them)")
     return data, origin
 
 
@@ -61,17 +69,46 @@ class ServeConfig(BaseModel):
     default_max_tokens: int = Field(512, ge=1)  # completion length when a request gives no max_tokens
     shutdown_grace_s: float = Field(30.0, ge=0)  # on SIGTERM, in-flight requests get this long before being cancelled
     served_model_name: str | None = None  # the model id clients send and /v1/models lists; default: engine.model
-    attn_implementation: Literal["sdpa", "paged"] = "sdpa"
-    paged_attention: bool = True
+    attn_implementation: Literal["sdpa", "paged"] = "sdpa"  # two names for the one path: SDPA over paged KV
+    paged_attention: bool = True  # true is the only value: the KV cache is always paged
+    tool_call_parser: str | None = None  # glm45, glm4, hermes or llama3_json; null: read from the chat template
 
     @classmethod
-    def normalize_aliases(cls, data: dict) -> tuple[dict, dict[str, str]]:
-        return normalize_serve_aliases(data)
+    def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:
+        return normalize_serve_aliases(data, notes)
+
+    @field_validator("attn_implementation", mode="before")
+    @classmethod
+    def _attn(cls, v):
+        if isinstance(v, str) and v.lower() in ("eager", "math", "triton", "xformers", "flex_attention"):
+            raise ValueError(f"{ONE_BACKEND}, which has no {v!r} variant; write sdpa (the default) or remove the key")
+        return v
+
+    @field_validator("paged_attention")
+    @classmethod
+    def _paged(cls, v: bool):
+        if not v:
+            raise ValueError(f"{ONE_BACKEND}, so paged attention cannot be turned off; remove the key or set it to "
+                             "true (engine.page_size sets the tokens per page)")
+        return v
 
     @model_validator(mode="before")
     @classmethod
     def _aliases(cls, data):
         return normalize_serve_aliases(data)[0] if isinstance(data, dict) else data
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _tool_parser(cls, v: str | None):
+        if v is None:
+            return v
+        from mlc.config.tool_formats import TOOL_CALL_FORMATS, tool_format_name
+
+        name = tool_format_name(v)
+        if name is None:
+            raise ValueError(f"unknown tool call parser {v!r}; use one of {', '.join(TOOL_CALL_FORMATS)} (or leave it "
+                             "unset: the format is read from the model's chat template)")
+        return name
 
     @field_validator("context_profiles")
     @classmethod

@@ -6,27 +6,16 @@ Every default is the value the template (`config/templates/lora.yaml`) documents
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mlc.config.dotted import move_alias
+from mlc.config.train_aliases import normalize_train_aliases
 
 # The reference tutorial's (MindFormers/GLM) projection names -> the HF names transformers' Llama/GLM models use.
 TARGET_MODULE_ALIASES = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "dense": "o_proj"}
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
-# The reference tutorial's lora_config.yaml / MindFormers spellings -> our dotted keys.
-ALIASES: dict[str, str] = {
-    **{f"{section}.{src}": f"lora.{dst}" for section in ("lora_config", "lora") for src, dst in (
-        ("lora_r", "r"), ("lora_alpha", "alpha"), ("lora_dropout", "dropout"), ("lora_dtype", "dtype"),
-    )},
-    "lora_config.target_modules": "lora.target_modules",
-    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout", "lora_dtype": "lora.dtype",
-    "optimizer.learning_rate": "optimizer.lr",
-    "learning_rate": "optimizer.lr",
-}
 _DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 
 
@@ -41,7 +30,7 @@ class DataConfig(_Section):
 
     train: str = "data/customer_service.jsonl"
     eval: str | None = "data/customer_service_eval.jsonl"
-    format: Literal["auto", "instruction", "alpaca", "chat"] = "auto"
+    format: Literal["auto", "instruction", "alpaca", "chat", "sharegpt"] = "auto"
     pad_to_multiple_of: int = Field(16, ge=1)
     packing: bool = False
     on_error: Literal["skip", "fail"] = "skip"
@@ -132,6 +121,7 @@ class TrainConfig(_Section):
     log_every: int = Field(1, ge=1)
     max_consecutive_bad_steps: int = Field(5, ge=1)
     output_dir: str = "runs/lora"
+    nproc: int = Field(1, ge=1)  # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
 
     @model_validator(mode="after")
     def _check(self):
@@ -143,24 +133,9 @@ class TrainConfig(_Section):
         return self
 
     @classmethod
-    def normalize_aliases(cls, data: dict) -> tuple[dict, dict[str, str]]:
-        return normalize_train_aliases(data)
+    def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:
+        return normalize_train_aliases(data, notes, OptimizerConfig.model_fields["betas"].default)
 
     def rows_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.gradient_accumulation_steps * world_size
 
-
-def normalize_train_aliases(raw: dict) -> tuple[dict, dict[str, str]]:
-    """The tutorial's spellings -> ours. Returns the new dict and {our key: key as the user wrote it}."""
-    data = copy.deepcopy(raw)
-    origin: dict[str, str] = {}
-    for src, dst in ALIASES.items():
-        move_alias(data, src, dst, origin)
-    opt = data.get("optimizer")
-    if isinstance(opt, dict) and ("beta1" in opt or "beta2" in opt):
-        if "betas" in opt:
-            raise ValueError("optimizer: give betas or beta1/beta2, not both")
-        default = OptimizerConfig.model_fields["betas"].default
-        opt["betas"] = [opt.pop("beta1", default[0]), opt.pop("beta2", default[1])]
-        origin["optimizer.betas"] = "optimizer.beta1/beta2"
-    return data, origin

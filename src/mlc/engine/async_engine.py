@@ -15,6 +15,8 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.outputs import EngineStats, RequestOutput
@@ -22,6 +24,9 @@ from mlc.engine.recovery import recover
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import EngineDeadError, EngineStepError, InvalidRequestError, MlcError
+
+if TYPE_CHECKING:
+    from mlc.engine.grammar import GrammarCompiler
 
 log = logging.getLogger("mlc.engine")
 
@@ -87,8 +92,21 @@ class AsyncEngine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.engine.encode(text, add_special_tokens)
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
-        return self.engine.chat_prompt(messages, add_generation_prompt)
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+        if tools is None and not template_kwargs:
+            return self.engine.chat_prompt(messages, add_generation_prompt)
+        from mlc.models.tokenizer import render_chat
+
+        text = render_chat(self.tokenizer, messages, add_generation_prompt, tools, template_kwargs)
+        return text, self.engine.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Structured-output grammars for this model's tokenizer, each compiled once (engine/grammar.py)."""
+        from mlc.engine.grammar import GrammarCompiler
+
+        return GrammarCompiler(self.engine.tokenizer, self.engine.eos_ids, self.vocab_size)
 
     def check_token_ids(self, ids: list[int], field: str) -> None:
         self.engine.check_token_ids(ids, field)

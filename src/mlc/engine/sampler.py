@@ -3,13 +3,16 @@
 Order: penalties (repetition over prompt+output, presence/frequency over output), min_new_tokens (EOS barred),
 then greedy argmax, or temperature -> top-k -> top-p -> min-p -> a draw from the row's generator. A seeded request
 draws from a generator seeded by (seed + sample index), so its output does not depend on what it is batched with.
-Reported logprobs are those of the model's distribution before any processing.
+Rows of requests with a grammar (structured outputs) then lose every token their grammar forbids (`engine/grammar.py`);
+a batch without one never reaches that code. Reported logprobs are those of the model's distribution before any
+processing.
 """
 
 from __future__ import annotations
 
 import torch
 
+from mlc.engine.grammar import GrammarMasks
 from mlc.engine.isolate import one_by_one
 from mlc.engine.sequence import Sequence, TokenLogprob
 
@@ -18,22 +21,31 @@ class Sampler:
     def __init__(self, eos_token_ids: set[int], seed: int = 0):
         self.eos_token_ids = set(eos_token_ids)
         self.rng = torch.Generator().manual_seed(seed)
+        self.grammars = GrammarMasks(self.eos_token_ids)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[int, TokenLogprob | None]]:
         logits = logits.float().cpu()  # the per-sequence generators are CPU generators (same draws on any device)
         raw_logprobs = None
         if any(s.params.logprobs is not None for s in seqs):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
+        raw = logits
         if any(self._needs_processing(s) for s in seqs):
             logits = logits.clone()
             for i, s in enumerate(seqs):
                 self._penalize(logits[i], s)
+        guided = [i for i, s in enumerate(seqs) if s.params.grammar is not None]
+        if guided:
+            logits = logits if logits is not raw else logits.clone()
+            self.grammars.apply(logits, seqs, guided, raw)
         greedy = [s.params.greedy for s in seqs]
         tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(seqs)
         for i, s in enumerate(seqs):
             if not greedy[i]:
                 tokens[i] = self._draw(logits[i], s)
-        return [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
+        results = [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
+        if guided:  # last: a call that fails before here leaves every matcher as it was, for the retry alone
+            self.grammars.accept(seqs, guided, tokens)
+        return results
 
     def sample_isolating(self, logits: torch.Tensor, seqs: list[Sequence]
                          ) -> tuple[list[tuple[int, TokenLogprob | None] | None], dict[str, Exception]]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
+from typing import TYPE_CHECKING
 
 from mlc.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from mlc.engine.grammar import Grammar
 
 
 @dataclass
@@ -27,8 +31,17 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False
     full_kv: bool = False  # keep this request's whole KV cache even when the engine runs sparse KV
+    grammar: Grammar | None = None  # structured outputs: a compiled grammar (engine/grammar.py) the tokens must follow
+    max_tokens: InitVar[int | None] = None  # vLLM's and OpenAI's name for max_new_tokens (read back as .max_tokens)
 
-    def __post_init__(self):
+    def __post_init__(self, max_tokens: int | None = None):
+        if max_tokens is not None:
+            default = SamplingParams.__dataclass_fields__["max_new_tokens"].default
+            if self.max_new_tokens not in (default, max_tokens):
+                raise InvalidRequestError(
+                    f"max_tokens={max_tokens!r} and max_new_tokens={self.max_new_tokens!r} disagree; give one of them",
+                    field="max_tokens")
+            self.max_new_tokens = max_tokens
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in self.stop if s]
@@ -57,3 +70,16 @@ class SamplingParams:
         for name, ok, why in checks:
             if not ok:
                 raise InvalidRequestError(f"{name}={getattr(self, name)!r} {why}", field=name)
+
+
+def _max_tokens(self: SamplingParams) -> int:
+    return self.max_new_tokens
+
+
+def _set_max_tokens(self: SamplingParams, value: int) -> None:
+    self.max_new_tokens = value
+
+
+# After the dataclass is built (its __init__ keeps the InitVar's default), so that `params.max_tokens` reads and
+# writes max_new_tokens as vLLM code expects.
+SamplingParams.max_tokens = property(_max_tokens, _set_max_tokens)  # type: ignore[assignment]

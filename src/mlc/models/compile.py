@@ -81,7 +81,8 @@ def _codes(module) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", group_size: int = 32,
                   int8_scheme: str = "mixed", alignment: int = 1, overwrite: bool = False,
-                  source_note: dict | None = None) -> CompileResult:
+                  source_note: dict | None = None, progress=None) -> CompileResult:
+    """`progress(done, total, what)`: loading, then one step per layer quantized, then writing."""
     from safetensors.torch import save_file
 
     from mlc.layers.quant import quantize_model
@@ -99,6 +100,8 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     check_at_load(src)
     if is_compiled(src):
         raise ConfigError(f"{src} is already compiled; compile the HF checkpoint it came from")
+    say = progress or (lambda *_: None)
+    say(0, 1, "loading weights")
     cfg = read_config(src)
     net = build_model(cfg, torch.device("cpu"), torch.float32)
     with torch.no_grad():
@@ -117,12 +120,15 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     layers: dict[str, dict] = {}
     tensors: dict[str, torch.Tensor] = {}
     if weight_dtype != "auto":
+        say(0, 1, f"quantizing to {weight_dtype}")
         quantize_model(net, weight_dtype, group_size, int8_scheme, use_kernels=False)  # portable codes
-        for name, module in net.named_modules():
+        modules = list(net.named_modules())
+        for done, (name, module) in enumerate(modules, start=1):
             if isinstance(module, QuantizedExperts):
                 raise ModelFormatError("compiling quantized MoE experts is not supported yet; compile with "
                                        "--weight-dtype auto and quantize at load time")
             if isinstance(module, QuantizedLinear):
+                say(done, len(modules) + 1, f"packing {name}")
                 layers[name], codes = _codes(module)
                 tensors.update({f"{name}.{k}": v.contiguous() for k, v in codes.items()})
     quantized = tuple(f"{n}." for n in layers)
@@ -130,6 +136,7 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
         if key.startswith(quantized) or (net.tied and key == "lm_head.weight"):
             continue
         tensors[key] = value.contiguous()
+    say(1, 1, "writing")
     with tempfile.TemporaryDirectory(dir=out_dir.parent if out_dir.parent.exists() else None) as tmp:
         stage = Path(tmp) / "compiled"
         stage.mkdir()

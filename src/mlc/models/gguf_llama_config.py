@@ -1,4 +1,5 @@
-"""config.json and generation_config.json for a llama-architecture GGUF, from its `llama.*` and tokenizer keys."""
+"""config.json and generation_config.json for a llama-architecture GGUF, from its `llama.*` and tokenizer keys;
+GLM-4-0414 (`glm4.*`, the same keys) is the llama config turned into Glm4Config by `gguf_glm4`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from mlc.errors import ModelFormatError
 from mlc.models.gguf_dequant import dequantize_tensor
 from mlc.models.gguf_reader import GGUFFile
 
-CONVERTIBLE_ARCHITECTURES = ("llama",)
+CONVERTIBLE_ARCHITECTURES = ("llama", "glm4")
 # llama.* keys that map one to one onto config.json fields
 LLAMA_KEYS = {
     "context_length": "max_position_embeddings",
@@ -110,6 +111,8 @@ def hf_config(gf: GGUFFile) -> tuple[dict[str, Any], list[str]]:
             f"{gf.path.name}: GGUF architecture {arch!r} is not supported; mlc converts "
             f"{', '.join(CONVERTIBLE_ARCHITECTURES)} GGUFs (use an HF checkpoint directory for other models)"
         )
+    if int(gf.arch_key("nextn_predict_layers", 0) or 0):
+        raise ModelFormatError(f"{gf.path.name}: GGUFs with multi-token-prediction (NextN) layers are not supported")
     if int(gf.arch_key("expert_count", 0) or 0) > 0:
         raise ModelFormatError(f"{gf.path.name}: mixture-of-experts llama GGUFs (Mixtral-style) are not supported")
     names = gf.tensor_names()
@@ -135,6 +138,10 @@ def hf_config(gf: GGUFFile) -> tuple[dict[str, Any], list[str]]:
     cfg["tie_word_embeddings"] = "output.weight" not in names
     cfg.update(_special_ids(gf))
     cfg["dtype"] = "float32"
+    if arch == "glm4":
+        from mlc.models.gguf_glm4 import glm4_config
+
+        cfg = glm4_config(cfg, names)
     prefix = f"{arch}."
     unmapped = sorted(
         k for k in gf.metadata

@@ -1,4 +1,5 @@
-"""A llama GGUF's tensors under their HF names, with q/k rows returned from llama.cpp's rope layout to HF's."""
+"""A llama (or glm4) GGUF's tensors under their HF names, with llama q/k rows returned from llama.cpp's rope layout
+to HF's."""
 
 from __future__ import annotations
 
@@ -29,16 +30,19 @@ LAYER_NAMES = {
 }
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for names with no HF counterpart."""
+    from mlc.models.gguf_glm4 import GLM4_LAYER_NAMES
+
+    layer_names = GLM4_LAYER_NAMES if arch == "glm4" else LAYER_NAMES
     stem, _, suffix = gguf_name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
     if stem in TOP_LEVEL_NAMES:
         return f"{TOP_LEVEL_NAMES[stem]}.{suffix}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     return None
 
 
@@ -57,15 +61,17 @@ def iter_hf_tensors(gf: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[str, np
     for t in gf.reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # folded into rope_parameters by hf_config
-        name = hf_tensor_name(t.name)
+        name = hf_tensor_name(t.name, gf.architecture)
         if name is None:
             raise ModelFormatError(
-                f"{gf.path.name}: tensor {t.name!r} has no place in a dense llama model; "
+                f"{gf.path.name}: tensor {t.name!r} has no place in a dense {gf.architecture} model; "
                 "this GGUF holds a variant mlc does not convert"
             )
         values = dequantize_tensor(t)
-        if ".attn_q." in t.name:
+        # glm4 rows are stored as HF has them (GLM's rope pairs adjacent dims, as llama.cpp's does)
+        permuted = gf.architecture == "llama"
+        if permuted and ".attn_q." in t.name:
             values = unpermute_rope_rows(values, cfg["num_attention_heads"])
-        elif ".attn_k." in t.name:
+        elif permuted and ".attn_k." in t.name:
             values = unpermute_rope_rows(values, cfg["num_key_value_heads"])
         yield name, values

@@ -61,7 +61,8 @@ BYTE_LEVEL_PRE_TOKENIZERS: dict[str, Callable[[], Any]] = {
                      "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code"], _gpt2_pre),
     **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"],
                     _digits_then_gpt2_pre),
-    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe", "chatglm-bpe"],
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe", "chatglm-bpe",
+                     "glm4"],
                     _split_then_bytes(LLAMA3_SPLIT)),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], _split_then_bytes(QWEN2_SPLIT)),
 }

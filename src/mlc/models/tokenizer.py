@@ -7,20 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from mlc.errors import InvalidRequestError, ModelFormatError
+from mlc.models.chat_templates import GLM4_CHAT_TEMPLATE, builtin_template  # noqa: F401 (re-exported)
 
-# GLM-4 chat format (LLaMA-Factory's glm4 template): the model writes the newline after <|assistant|> itself.
-GLM4_CHAT_TEMPLATE = (
-    "[gMASK]<sop>"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}<|system|>\n{{ message['content'] }}"
-    "{% elif message['role'] == 'user' %}<|user|>\n{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}<|assistant|>\n{{ message['content'] }}"
-    "{% elif message['role'] in ('tool', 'observation') %}<|observation|>\n{{ message['content'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-GLM_MODEL_TYPES = ("glm", "glm4", "glm4_moe", "glm_moe_dsa", "chatglm")
+# Arguments of apply_chat_template that a request's chat_template_kwargs must not replace.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize",
+    "return_dict", "return_tensors", "chat_template", "padding", "truncation", "max_length", "tokenizer_kwargs",
+    "return_assistant_tokens_mask",
+})
 
 
 def _model_type(model_dir: Path) -> str | None:
@@ -31,7 +25,8 @@ def _model_type(model_dir: Path) -> str | None:
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The fast tokenizer of a local checkpoint dir; GLM-family dirs without a chat template get GLM-4's."""
+    """The fast tokenizer of a local checkpoint dir; GLM-family dirs without a chat template get a built-in one
+    (`models/chat_templates.py`: GLM-4's, or GLM-4.5's for the MoE generations)."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -41,13 +36,16 @@ def load_tokenizer(model_dir: str | Path):
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, use_fast=True)
     except Exception as e:  # transformers raises OSError, ValueError or JSON errors for broken tokenizer files
         raise ModelFormatError(f"the tokenizer in {model_dir} could not be loaded ({e}); re-download the checkpoint") from None
-    if not getattr(tokenizer, "chat_template", None) and (_model_type(model_dir) or "") in GLM_MODEL_TYPES:
-        tokenizer.chat_template = GLM4_CHAT_TEMPLATE
+    builtin = builtin_template(_model_type(model_dir))
+    if not getattr(tokenizer, "chat_template", None) and builtin is not None:
+        tokenizer.chat_template = builtin
     return tokenizer
 
 
-def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages` (`[{"role": ..., "content": ...}]`) in the model's chat format."""
+def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                tools: list[dict] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text for `messages` (`[{"role": ..., "content": ...}]`) in the model's chat format; `tools`
+    (OpenAI function definitions) and `template_kwargs` (e.g. enable_thinking) go to the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelFormatError(
             "this model has no chat template (tokenizer_config.json has no chat_template); "
@@ -57,6 +55,7 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise InvalidRequestError(f"message {i} needs 'role' and 'content'", field=f"messages[{i}]")
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
     except Exception as e:  # jinja raises TemplateError (e.g. the template's own raise_exception) or TypeError
         raise InvalidRequestError(f"the chat template rejected these messages: {e}", field="messages") from None

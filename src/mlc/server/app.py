@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc import __version__
 from mlc.config.serve_config import ServeConfig
-from mlc.server import health, metrics, native, openai_api, tokenize
+from mlc.server import health, metrics, native, openai_api, pages, tokenize
 from mlc.server.audit import AuditMiddleware
 from mlc.server.auth import APIKeyMiddleware
 from mlc.server.errors import error_body, install_error_handlers
@@ -25,7 +24,6 @@ from mlc.server.responses_doc import add_event_schemas
 from mlc.server.schemas import ChatCompletionChunk, GenerateEvent
 from mlc.server.state import ServerState, default_engine_factory
 
-STATIC_DIR = Path(__file__).parent / "static"
 MAX_BODY_BYTES = 32 * 2**20
 
 DESCRIPTION = """\
@@ -50,13 +48,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     app = FastAPI(title="mlc", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.mlc = state
     install_error_handlers(app)
-    for module in (health, native, openai_api, tokenize, metrics):
+    for module in (health, native, openai_api, tokenize, metrics, pages):  # pages: /, /dashboard, /train, /api/*
         app.include_router(module.router)
-
-    @app.get("/", response_class=FileResponse, tags=["web"], summary="The built-in chat page",
-             responses={200: {"content": {"text/html": {}}}})
-    async def chat_page():
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
     _finish_openapi(app)
     app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # innermost: auth and audit see the 413 first

@@ -18,7 +18,7 @@ from mlc.server.errors import mlc_error_response
 
 log = logging.getLogger("mlc.server")
 
-OPEN_PATHS = frozenset({"/health", "/ready", "/live", "/", "/favicon.ico"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/live", "/", "/favicon.ico", "/dashboard", "/train"})  # pages: no data
 OPEN_PREFIXES = ("/static/",)
 ENV_VAR = "MLC_API_KEY"
 

@@ -6,6 +6,7 @@ KV usage, prefix cache, preemptions, token counts) are read from `LLMEngine.stat
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlc.server.auth import bearer_scheme
+from mlc.server.metrics_history import LatencyWindow, MetricsHistory
 from mlc.server.responses_doc import AUTH_RESPONSES
 
 if TYPE_CHECKING:
@@ -74,6 +76,8 @@ class ServerMetrics:
         self.model = model
         self.registry = CollectorRegistry()
         self.engine_collector: EngineCollector | None = None
+        self.latency = LatencyWindow()  # for the dashboard: exact recent percentiles
+        self.history: MetricsHistory | None = None
         r, labels = self.registry, ["model_name"]
         self.ttft = Histogram("mlc:time_to_first_token_seconds", "Time from request to its first token.", labels,
                               buckets=TTFT_BUCKETS, registry=r)
@@ -93,6 +97,8 @@ class ServerMetrics:
     def watch_engine(self, stats: Callable[[], EngineStats | None], waiting: Callable[[], int], page_size: int):
         self.engine_collector = EngineCollector(self.model, stats, waiting, page_size)
         self.registry.register(self.engine_collector)
+        self.history = MetricsHistory(stats, waiting, self.latency)
+        self.history.start(asyncio.get_running_loop())  # called on the server's loop once the model is loaded
 
     def observe(self, out: RequestOutput, start: float, first_output: float | None, end: float) -> None:
         """One finished request: TTFT and E2E from the server's clock, token gaps from the engine's."""
@@ -106,8 +112,11 @@ class ServerMetrics:
         times = out.metrics.token_times
         for a, b in zip(times, times[1:]):
             self.itl.labels(m).observe(b - a)
-        if len(times) > 1:
-            self.tpot.labels(m).observe((times[-1] - times[0]) / (len(times) - 1))
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        if tpot is not None:
+            self.tpot.labels(m).observe(tpot)
+        ttft = first_output - start if first_output is not None else None
+        self.latency.add(ttft, tpot, end - start, out.num_generated_tokens)
 
     def count_finished(self, reason: str) -> None:
         self.finished.labels(self.model, reason).inc()

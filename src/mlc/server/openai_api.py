@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Security
 
-from mlc.errors import InvalidRequestError
+from mlc.engine.grammar import Grammar
+from mlc.errors import InvalidRequestError, UnsupportedFeatureError
 from mlc.server import run_request as rr
+from mlc.server.assistant_output import finish_reason
 from mlc.server.audit import audit_info
 from mlc.server.auth import bearer_scheme
-from mlc.errors import UnsupportedFeatureError
+from mlc.server.chat import plan_chat
 from mlc.server.openai_format import (
     ChatStream, CompletionStream, chat_logprobs, completion_logprobs, sorted_outputs, usage_of,
 )
 from mlc.server.params import Limits, completion_budget, resolve_context, sampling_params, stop_list
-from mlc.server.prompting import Prompt, encode, from_ids, off_loop, render
+from mlc.server.prompting import Prompt, encode, from_ids, off_loop
 from mlc.server.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.schemas import (
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
@@ -21,6 +23,7 @@ from mlc.server.schemas import (
     CompletionResponse, ModelCard, ModelList, OpenAIRequest,
 )
 from mlc.server.state import ServerState
+from mlc.server.structured import compile_grammar, requested_spec
 
 router = APIRouter(tags=["OpenAI-compatible"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
@@ -52,7 +55,8 @@ def _limits(state: ServerState, body: OpenAIRequest) -> Limits:
 
 
 def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Limits, max_tokens: int | None,
-            logprobs: int | None, rename: dict[str, str]):
+            logprobs: int | None, rename: dict[str, str], grammar: Grammar | None = None,
+            prompt_logprobs: bool = False):
     budget = completion_budget(len(prompt.ids), max_tokens, limits, state.config.default_max_tokens)
     params = sampling_params(
         rename, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
@@ -60,7 +64,7 @@ def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Lim
         frequency_penalty=body.frequency_penalty, seed=body.seed, stop=stop_list(body.stop),
         stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos, min_new_tokens=body.min_tokens,
         logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
-        full_kv=body.full_kv,
+        full_kv=body.full_kv, grammar=grammar, prompt_logprobs=prompt_logprobs,
     )
     rr.validate(state, prompt.ids, params, limits, rename)
     return params
@@ -79,24 +83,25 @@ def _completion_prompts(state: ServerState, prompt, limit: int) -> list[Prompt]:
 @router.post("/v1/completions", response_model=CompletionResponse, responses=sse_response_doc(CompletionResponse),
              summary="Complete a prompt (or several)")
 async def completions(body: CompletionRequest, request: Request):
-    """Rules across fields: `best_of` equals `n`; `echo` and `logprobs` do not combine; a streamed request has one
-    prompt; `suffix` is null and `logit_bias` null or {}; `context_length` or `context_profile`, not both; each
-    prompt + `max_tokens` fits the context."""
+    """Rules across fields: `best_of` equals `n`; a streamed request has one prompt; `suffix` is null and
+    `logit_bias` null or {}; at most one of response_format, structured_outputs and guided_*; `context_length` or
+    `context_profile`, not both; each prompt + `max_tokens` fits the context. `echo` with `logprobs` returns the
+    prompt tokens' logprobs first (lm-eval's local-completions scores this way)."""
     state, info, adapter_id, model_name = _begin(body, request)
     _refuse_unsupported(body)
     if body.suffix is not None:
         raise UnsupportedFeatureError("suffix (insertion) is not supported; omit it", field="suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise UnsupportedFeatureError("best_of other than n is not supported", field="best_of")
-    if body.echo and body.logprobs is not None:
-        raise UnsupportedFeatureError("echo with logprobs (prompt logprobs) is not supported", field="echo")
     limits = _limits(state, body)
     prompts = await off_loop(_completion_prompts, state, body.prompt, limits.context)
+    grammar = await off_loop(compile_grammar, state, requested_spec(body))
+    scored = body.echo and body.logprobs is not None
     if body.stream and len(prompts) > 1:
         raise UnsupportedFeatureError("stream with several prompts is not supported; send one prompt per request",
                                       field="prompt")
     rename = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
-    jobs = [(p.ids, _params(state, body, p, limits, body.max_tokens, body.logprobs, rename))
+    jobs = [(p.ids, _params(state, body, p, limits, body.max_tokens, body.logprobs, rename, grammar, scored))
             for p in prompts]
     rid = state.new_request_id("cmpl")
     stripped = sum(p.stripped for p in prompts)
@@ -121,7 +126,8 @@ async def completions(body: CompletionRequest, request: Request):
             echo = echoes[k] or ""
             lp = None
             if body.logprobs is not None:
-                lp = completion_logprobs(o.logprobs or [], tt, body.logprobs > 0, len(echo))
+                prompt = (out.prompt_token_ids, out.prompt_logprobs or []) if scored else None
+                lp = completion_logprobs(o.logprobs or [], tt, body.logprobs > 0, 0 if scored else len(echo), prompt)
             choices.append(CompletionChoice(index=k * body.n + o.index, text=echo + o.text, logprobs=lp,
                                             finish_reason=o.finish_reason))
     resp = CompletionResponse(id=rid, created=state.created_now(), model=model_name, choices=choices,
@@ -131,15 +137,6 @@ async def completions(body: CompletionRequest, request: Request):
 
 def _chat_checks(body: ChatCompletionRequest) -> tuple[int | None, str]:
     _refuse_unsupported(body)
-    if body.response_format is not None and body.response_format.type != "text":
-        raise UnsupportedFeatureError(
-            f"response_format {body.response_format.type!r} is not supported yet: this server has no constrained "
-            "(JSON) decoding. Omit response_format, ask for JSON in the prompt and validate the reply yourself",
-            field="response_format")
-    if body.tools:
-        raise UnsupportedFeatureError("tools (function calling) are not supported by this server", field="tools")
-    if body.tool_choice not in (None, "none"):
-        raise UnsupportedFeatureError("tool_choice is not supported by this server", field="tool_choice")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs needs logprobs: true", field="top_logprobs")
     if body.max_tokens is not None and body.max_completion_tokens is not None \
@@ -155,16 +152,19 @@ def _chat_checks(body: ChatCompletionRequest) -> tuple[int | None, str]:
              responses=sse_response_doc(ChatCompletionChunk), summary="Chat, with the model's chat template")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """Rules across fields: `max_tokens` and `max_completion_tokens` agree when both are given; `top_logprobs` needs
-    `logprobs: true`; `response_format` is text; `tools` null or [] and `tool_choice` null or "none"; `logit_bias`
-    null or {}; some message has text and the last user message is not empty; `context_length` or
-    `context_profile`, not both; the prompt + completion fits the context."""
+    `logprobs: true`; tool_choice other than none/auto needs tools, and a named function is one of them; at most one
+    of response_format, structured_outputs, guided_* and a forced tool call; `logit_bias` null or {}; some message
+    has text and the last user message is not empty; `context_length` or `context_profile`, not both; the prompt +
+    completion fits the context. Tool calls come back in message.tool_calls (finish_reason tool_calls), GLM-4.5+
+    reasoning in message.reasoning_content."""
     state, info, adapter_id, model_name = _begin(body, request)
     max_tokens, max_field = _chat_checks(body)
     limits = _limits(state, body)
-    prompt = await off_loop(render, state, body.messages, True, limits.context)
+    plan = await off_loop(plan_chat, state, body, limits.context)
+    prompt = plan.prompt
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     rename = {"max_new_tokens": max_field, "min_new_tokens": "min_tokens", "logprobs": "top_logprobs"}
-    params = _params(state, body, prompt, limits, max_tokens, logprobs, rename)
+    params = _params(state, body, prompt, limits, max_tokens, logprobs, rename, plan.grammar)
     rid = state.new_request_id("chatcmpl")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped
     if state.config.audit_log_content:
@@ -174,17 +174,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     tt = state.token_text
     if body.stream:
         fmt = ChatStream(rid, state.created_now(), model_name, tt, body.logprobs, body.n,
-                         bool(body.stream_options and body.stream_options.include_usage))
+                         bool(body.stream_options and body.stream_options.include_usage), plan.output)
         return await rr.stream(request, gen, fmt.chunks, fmt.final, headers, opening=fmt.start())
     outs = await rr.run_to_end(request, [gen])
     if not isinstance(outs, list):
         return outs
     (out,) = outs
-    choices = [
-        ChatChoice(index=o.index, message=AssistantMessage(content=o.text), finish_reason=o.finish_reason,
-                   logprobs=chat_logprobs(o.logprobs or [], tt) if body.logprobs else None)
-        for o in sorted_outputs(out)
-    ]
+    choices = []
+    for o in sorted_outputs(out):
+        reply = plan.output().reply(o.text)
+        message = AssistantMessage(content=reply.content, reasoning_content=reply.reasoning,
+                                   tool_calls=reply.calls or None)
+        logprobs = chat_logprobs(o.logprobs or [], tt) if body.logprobs else None
+        choices.append(ChatChoice(index=o.index, message=message, logprobs=logprobs,
+                                  finish_reason=finish_reason(o.finish_reason, bool(reply.calls))))
     resp = ChatCompletionResponse(id=rid, created=state.created_now(), model=model_name, choices=choices,
                                   usage=usage_of(outs), stripped_chars=prompt.stripped)
     return rr.json_response(resp, headers)

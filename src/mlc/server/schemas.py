@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from mlc.server.schemas_agent import StructuredFields, ToolCallIn, ToolCallOut, ToolChoice, ToolDef
+
 MAX_PROMPT_CHARS = 1_000_000
 MAX_SEED = 2**63 - 1
 MAX_TOKENS = 2**20  # no served model has a longer context; the real bound is the server's (/v1/models max_model_len)
@@ -153,7 +155,7 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_CH
 PromptText = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 
 
-class CompletionRequest(OpenAIRequest):
+class CompletionRequest(OpenAIRequest, StructuredFields):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0},
         {"prompt": ["The sky is", "Two plus two is"], "max_tokens": 4, "logprobs": 2}]})
@@ -167,7 +169,9 @@ class CompletionRequest(OpenAIRequest):
                           "below the vocabulary size); text must not be empty once invisible characters are "
                           "removed. Several prompts cannot be streamed.")
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="Prompt + max_tokens must fit the context.")
-    logprobs: int | None = Field(None, ge=0, le=20, description="Not together with echo.")
+    logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "With echo, the prompt tokens' logprobs come first (the first token has none); their top_logprobs hold "
+        "the prompt token only, as the engine scores the given token."))
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=64, description="Only best_of == n is supported.")
     suffix: Annotated[str | None, only({"type": "null"}, "Not supported; only null is accepted.")] = None
@@ -184,33 +188,20 @@ class ContentPart(Strict):
     file: Any = None
 
 
-def _content_required(schema: dict) -> None:
-    """The server needs text in every message (tool calls are not supported), so the schema says so."""
-    schema["required"] = [*schema.get("required", []), "content"]
-    content = schema["properties"]["content"]
-    content.pop("default", None)
-    content["anyOf"] = [s for s in content["anyOf"] if s.get("type") != "null"]
-
-
 class ChatMessage(Strict):
-    model_config = ConfigDict(json_schema_extra=_content_required)
-
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart] | None = Field(None, description=(
-        "Text, or parts of type text. Some message needs text, and the last user message must not be empty."))
+        "Text, or parts of type text; only an assistant message with tool_calls may go without. Some message needs "
+        "text, and the last user message must not be empty."))
     name: str | None = Field(None, max_length=256)
-    tool_calls: Annotated[list[Any] | None, only({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
-                                                 "Not supported; only null or [] is accepted.")] = None
-    tool_call_id: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128, description="An assistant's earlier calls.")
+    tool_call_id: str | None = Field(None, max_length=256, description=(
+        "For role tool: the id of the call this answers (one of an earlier assistant message's tool_calls)."))
+    reasoning_content: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description=(
+        "An assistant's earlier reasoning, for templates that show it (GLM-4.5+ keep it after the last user turn)."))
 
 
-class ResponseFormat(Strict):
-    type: Annotated[Literal["text", "json_object", "json_schema"], only(
-        {"const": "text"}, "Only text for now: there is no constrained (JSON) decoding.")]
-    json_schema: Any = None
-
-
-class ChatCompletionRequest(OpenAIRequest):
+class ChatCompletionRequest(OpenAIRequest, StructuredFields):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "Say hello in French."}], "max_tokens": 8},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
@@ -223,18 +214,19 @@ class ChatCompletionRequest(OpenAIRequest):
         "Prompt + completion must fit the context."))
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")
-    response_format: ResponseFormat | None = Field(None, description="Only {\"type\": \"text\"} for now.")
-    tools: Annotated[list[Any] | None, only({"anyOf": [{"type": "array", "maxItems": 0}, {"type": "null"}]},
-                                            "Not supported; only null or [] is accepted.")] = None
-    tool_choice: Annotated[Any, only({"anyOf": [{"const": "none"}, {"type": "null"}]},
-                                     "Not supported; only null or \"none\" is accepted.")] = None
-    parallel_tool_calls: bool | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=128, description=(
+        "Functions the model may call; rendered by the model's chat template (or, for a template that knows no "
+        "tools, as a system message in the hermes format)."))
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call per reply.")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+        "Extra variables for the chat template, e.g. {\"enable_thinking\": false} for GLM-4.5+."))
 
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None = None
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None = None
     text_offset: list[int]
 
 
@@ -271,7 +263,9 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = Field(None, description="The model's reasoning (GLM-4.5+ <think>), apart.")
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -294,6 +288,9 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(None, description=(
+        "Each {index, id, type, function: {name, arguments}}: a call is sent whole once it has parsed."))
 
 
 class ChatChunkChoice(BaseModel):

@@ -57,8 +57,10 @@ def _publish(tmp: Path, out: Path, overwrite: bool) -> Path:
 
 def export_adapter(
     adapter: str | Path, out: str | Path, *, merge: bool = False, model: str | None = None,
-    dtype: str | None = None, overwrite: bool = False,
+    dtype: str | None = None, overwrite: bool = False, progress=None,
 ) -> Path:
+    """`progress(step, steps, what)` before each step of a merge (load, merge, save, tokenizer)."""
+    say = progress or (lambda *_: None)
     adapter, out = Path(adapter), Path(out)
     _check_adapter(adapter)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -71,10 +73,15 @@ def export_adapter(
     model_dir = resolve_model_dir(model or adapter_base(adapter))
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(sorted(DTYPES))}")
+    say(0, 4, "loading the base model")
     base = load_base_model(model_dir, torch.float32)  # merge in fp32, then store in the checkpoint's own dtype
+    say(1, 4, "merging the adapter")
     merged = load_adapter(base, adapter).merge_and_unload()
     merged = merged.to(DTYPES[dtype] if dtype is not None else checkpoint_dtype(model_dir))
     merged.config.use_cache = True  # the training loader turned it off; served models want it
+    say(2, 4, "writing safetensors")
     merged.save_pretrained(str(tmp), safe_serialization=True)
+    say(3, 4, "copying the tokenizer")
     load_tokenizer(model_dir).save_pretrained(str(tmp))
+    say(4, 4, "done")
     return _publish(tmp, out, overwrite)

@@ -13,13 +13,16 @@ import shutil
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator, Optional
 
 from mlc.errors import DataError, InvalidRequestError
 from mlc.models.tokenizer import render_chat
-from mlc.train.formats import FORMATS, RecordError, to_messages
+from mlc.train.formats import FORMATS, RecordError, record_tools, to_messages
 
 IGNORE_INDEX = -100
 STATS_FILE = "stats.json"
+# progress(rows read, done, total): done/total are bytes of a JSONL file, or elements of a JSON array file.
+Progress = Callable[[int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class PreprocessStats:
     blank_lines: int = 0
     max_tokens: int = 0
     formats: dict[str, int] = field(default_factory=dict)
-    dropped: list[dict] = field(default_factory=list)  # {"line": n, "reason": "..."}
+    dropped: list[dict] = field(default_factory=list)  # {"line": n, "reason": "..."} (n: element of a JSON array)
+    layout: str = "jsonl"  # jsonl, or json (one JSON array of rows, as LLaMA-Factory's datasets often are)
     options: dict = field(default_factory=dict)
     model: str = ""
 
@@ -63,8 +67,18 @@ class PreprocessStats:
         return json.dumps(asdict(self), ensure_ascii=False, indent=2)
 
 
-def _segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
+def _tools_in_system(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """For a chat template that ignores `tools`: the definitions go at the end of the system prompt instead."""
+    text = "You can call these functions:\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _segments(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[tuple[str, bool]]:
     """(text, trainable) pieces that concatenate to the rendered conversation; assistant turns are trainable."""
+    if tools and "tools" not in (getattr(tokenizer, "chat_template", None) or ""):
+        messages, tools = _tools_in_system(messages, tools), None
     pieces: list[tuple[str, bool]] = []
     done = ""
 
@@ -77,7 +91,7 @@ def _segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
 
     def render(upto: int, add_generation_prompt: bool) -> str:
         try:
-            return render_chat(tokenizer, messages[:upto], add_generation_prompt=add_generation_prompt)
+            return render_chat(tokenizer, messages[:upto], add_generation_prompt=add_generation_prompt, tools=tools)
         except InvalidRequestError as e:
             raise RecordError(e.message) from None
 
@@ -88,11 +102,13 @@ def _segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
     return pieces
 
 
-def tokenize_messages(tokenizer, messages: list[dict], train_on_prompt: bool = False) -> tuple[list[int], list[int]]:
-    """input_ids and labels (prompt tokens -100 unless train_on_prompt); the answer ends with EOS."""
+def tokenize_messages(tokenizer, messages: list[dict], train_on_prompt: bool = False,
+                      tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """input_ids and labels (prompt tokens -100 unless train_on_prompt); the answer ends with EOS. `tools`
+    (function definitions) go to the chat template, or into the system prompt when the template has no place."""
     ids: list[int] = []
     labels: list[int] = []
-    pieces = _segments(tokenizer, messages)
+    pieces = _segments(tokenizer, messages, tools)
     last_trainable = max(i for i, (_, t) in enumerate(pieces) if t)
     for i, (text, trainable) in enumerate(pieces):
         piece = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -147,14 +163,46 @@ def pack_rows(examples: list[tuple[list[int], list[int]]], max_seq_len: int, mul
     return packed
 
 
-def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions):
-    """(line number, parsed object) for each non-blank line; bad JSON or bad UTF-8 is a dropped row."""
+def _starts_with_array(path: Path) -> bool:
+    with path.open("rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+    return head.startswith(b"[")
+
+
+def _read_json_array(path: Path, stats: PreprocessStats, progress: Optional[Progress]):
+    """(element number, row) of a file holding one JSON array of rows."""
     try:
+        rows = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: invalid JSON ({e.msg} at line {e.lineno}, column {e.colno}); a .json file must "
+                        "hold one array of rows, a .jsonl file one row per line") from None
+    stats.layout = "json"
+    for n, row in enumerate(rows, start=1):
+        stats.rows_read += 1
+        if progress:
+            progress(stats.rows_read, n, len(rows))
+        yield n, row
+
+
+def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions, progress: Optional[Progress] = None):
+    """(line number, parsed object) for each non-blank line; bad JSON or bad UTF-8 is a dropped row. A file that
+    is one JSON array (LLaMA-Factory's .json datasets) gives (element number, row) instead."""
+    try:
+        if _starts_with_array(path):
+            yield from _read_json_array(path, stats, progress)
+            return
         handle = path.open("rb")
+        total = path.stat().st_size
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}") from None
+    done = 0
     with handle:
         for line_no, raw in enumerate(handle, start=1):
+            done += len(raw)
+            if progress:
+                progress(stats.rows_read, done, total)
             if not raw.strip():
                 stats.blank_lines += 1
                 continue
@@ -167,24 +215,36 @@ def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions):
                 _drop(stats, opts, path, line_no, f"invalid JSON ({e.msg} at column {e.colno})")
 
 
+def read_records(path: str | Path) -> Iterator[object]:
+    """The parsed rows of a JSONL or JSON-array data file; unreadable lines are left out (tokenize_file reports them)."""
+    path = Path(path)
+    stats = PreprocessStats(source=str(path))
+    for _, record in _read_jsonl(path, stats, PreprocessOptions()):
+        yield record
+
+
 def _drop(stats: PreprocessStats, opts: PreprocessOptions, path: Path, line_no: int, reason: str) -> None:
     if opts.on_error == "fail":
-        raise DataError(f"{path}:{line_no}: {reason}; fix the row or pass --on-error skip to drop bad rows")
+        where = f"{path} row {line_no}" if stats.layout == "json" else f"{path}:{line_no}"
+        raise DataError(f"{where}: {reason}; fix the row or pass --on-error skip to drop bad rows")
     stats.dropped.append({"line": line_no, "reason": reason})
 
 
-def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions) -> tuple[list[dict], PreprocessStats]:
-    """Rows ready for the collator, and the stats; a bad row is dropped and reported, or raises with on_error=fail."""
+def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions,
+                  progress: Optional[Progress] = None) -> tuple[list[dict], PreprocessStats]:
+    """Rows ready for the collator, and the stats; a bad row is dropped and reported, or raises with on_error=fail.
+    `progress(rows, done, total)` is called as the file is read."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} not found")
     stats = PreprocessStats(source=str(path), options=asdict(opts))
     formats: Counter[str] = Counter()
     examples: list[tuple[list[int], list[int]]] = []
-    for line_no, record in _read_jsonl(path, stats, opts):
+    for line_no, record in _read_jsonl(path, stats, opts, progress):
         try:
             fmt, messages = to_messages(record, opts.format)
-            ids, labels = tokenize_messages(tokenizer, messages, opts.train_on_prompt)
+            tools = record_tools(record) if fmt == "sharegpt" else None
+            ids, labels = tokenize_messages(tokenizer, messages, opts.train_on_prompt, tools)
         except RecordError as e:
             _drop(stats, opts, path, line_no, str(e))
             continue
@@ -212,7 +272,8 @@ def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions) -> tuple
 
 
 def _first_reasons(stats: PreprocessStats) -> str:
-    shown = [f"line {d['line']}: {d['reason']}" for d in stats.dropped[:3]]
+    unit = "row" if stats.layout == "json" else "line"
+    shown = [f"{unit} {d['line']}: {d['reason']}" for d in stats.dropped[:3]]
     return "; ".join(shown) or "the file is empty"
 
 
@@ -257,8 +318,9 @@ def load_dataset_rows(data_dir: str | Path) -> tuple[list[dict], dict]:
     return ds.to_list(), json.loads(stats_path.read_text(encoding="utf-8"))
 
 
-def preprocess_file(path: str | Path, out_dir: str | Path, tokenizer, opts: PreprocessOptions, model: str = "") -> PreprocessStats:
-    rows, stats = tokenize_file(path, tokenizer, opts)
+def preprocess_file(path: str | Path, out_dir: str | Path, tokenizer, opts: PreprocessOptions, model: str = "",
+                    progress: Optional[Progress] = None) -> PreprocessStats:
+    rows, stats = tokenize_file(path, tokenizer, opts, progress)
     stats.model = model
     save_dataset(rows, stats, out_dir)
     return stats
