@@ -73,6 +73,18 @@ class ServerProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def __enter__(self) -> "ServerProcess":
+        """`with ServerProcess(...) as srv:` waits until it is healthy and terminates it on the way out."""
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.terminate()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+
     def terminate(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -16,12 +16,8 @@ from test_server_support import MODEL, ServerProcess
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("tools"), ["--max-batch-size", "4"])
-    try:
-        srv.wait_healthy()
+    with ServerProcess(tmp_path_factory.mktemp("tools"), ["--max-batch-size", "4"]) as srv:
         yield srv
-    finally:
-        srv.terminate()
 
 
 @pytest.fixture(scope="module")

@@ -43,12 +43,8 @@ def adapter(tmp_path_factory, default_model_dir):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, adapter):
-    srv = ServerProcess(tmp_path_factory.mktemp("web-ui"), ["--api-key", KEY, "--lora", f"support={adapter}"])
-    try:
-        srv.wait_healthy()
+    with ServerProcess(tmp_path_factory.mktemp("web-ui"), ["--api-key", KEY, "--lora", f"support={adapter}"]) as srv:
         yield srv
-    finally:
-        srv.terminate()
 
 
 @pytest.fixture(scope="module")

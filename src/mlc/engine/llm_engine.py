@@ -85,8 +85,9 @@ class LLMEngine:
         self.weights = describe_weights(model)
         plan = self.cache_plan
         log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s); max_batch_size %d%s",
-                 self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20, str(cache_dtype).removeprefix("torch."),
-                 self.max_batch_size, " (sized from the KV budget)" if plan.batch_auto else "")
+                 self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20,
+                 str(cache_dtype).removeprefix("torch."), self.max_batch_size,
+                 " (sized from the KV budget)" if plan.batch_auto else "")
         self.scheduler = Scheduler(
             self.page_manager, self.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
             self.eos_ids, self.sparse,
