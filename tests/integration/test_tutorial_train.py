@@ -1,7 +1,7 @@
 """The reference tutorial's training steps (4.3) end to end on a tiny model, each line given to `mlc-cli` as written:
 `preprocess.py`'s flags with a tokenizer-only directory, then `run_mindformer.py`'s flags with the tutorial's
-glm5_7b_lora.yaml, whose `parallel_config.data_parallel: 2` starts two processes (model_parallel is 1 here: 2 is
-refused until tensor parallel training exists, see tests/unit/test_tutorial_fidelity.py). The tutorial's train.sh
+glm5_7b_lora.yaml, whose `parallel_config.data_parallel: 2` starts two processes (model_parallel is 1 here, so that
+the run fits two cores; tests/integration/test_train_tensor_parallel.py runs model_parallel: 2). The tutorial's train.sh
 sets SEQ_LEN=2048, the length the data was preprocessed to; it is given as `max_seq_len=2048`."""
 
 from __future__ import annotations

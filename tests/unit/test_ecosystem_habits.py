@@ -79,21 +79,19 @@ def test_sampling_params_max_tokens_is_vllms_name():
 def test_vllm_serve_flags(root):
     line = ("serve THUDM/glm-4-9b-chat --max-model-len 4096 --max-num-seqs 16 --gpu-memory-utilization 0.85 "
             "--enable-prefix-caching --block-size 16 --lora-modules support=runs/a "
-            '{"name":"qa","path":"runs/b"} --served-model-name glm4 --tensor-parallel-size 1')
+            '{"name":"qa","path":"runs/b"} --served-model-name glm4 --tensor_parallel_size 2')
     t = translate_argv(root, line.split())
     assert t.notes == [
         "--gpu-memory-utilization 0.85 -> --kv-cache-fraction 0.85 (the share of the memory free after the weights "
         "load that the KV cache takes)",
         '--lora-modules support=runs/a {"name":"qa","path":"runs/b"} -> --lora support=runs/a --lora qa=runs/b',
-        "--tensor-parallel-size 1 -> nothing to change: one device",
+        "--tensor_parallel_size 2 -> --tensor-parallel-size 2",
     ]
     params = root.commands["serve"].make_context("serve", t.argv[1:]).params
     assert params["model_arg"] == "THUDM/glm-4-9b-chat" and params["max_seq_len"] == 4096
     assert params["max_batch_size"] == 16 and params["kv_cache_fraction"] == 0.85 and params["prefix_caching"]
     assert params["page_size"] == 16 and params["lora"] == ["support=runs/a", "qa=runs/b"]
-    assert params["served_model_name"] == "glm4"
-    with pytest.raises(ConfigError, match="one device"):
-        translate_argv(root, ["serve", "--tensor-parallel-size", "2"])
+    assert params["served_model_name"] == "glm4" and params["tensor_parallel_size"] == 2
 
 
 def test_one_spelling_per_idea_with_the_old_ones_kept(root):
@@ -128,10 +126,10 @@ def test_train_config_positional(tmp_path, capsys):
     with pytest.raises(ConfigError, match="two configs"):
         split_config_arg(["a.yaml"], Path("b.yaml"))
     path = tmp_path / "lf.yaml"  # the whole command line, stopped by validation before any training
-    path.write_text("model_name_or_path: x\nparallel_config: {model_parallel: 4}\n")
+    path.write_text("model_name_or_path: x\nparallel_config: {pipeline_stage: 4}\n")
     with pytest.raises(SystemExit) as e:
         main(["train", str(path)])
-    assert e.value.code == 2 and "parallel_config.model_parallel: 4" in capsys.readouterr().err
+    assert e.value.code == 2 and "parallel_config.pipeline_stage: 4" in capsys.readouterr().err
 
 
 def test_llama_factory_training_yaml(tmp_path, monkeypatch):

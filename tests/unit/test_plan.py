@@ -201,3 +201,20 @@ def test_plan_cli_table_and_config(tmp_path, capsys):
     out = capsys.readouterr().out
     assert (e.value.code or 0) == 0
     assert "glm-4-9b" in out and "seq_len 8,192 x batch 4" in out and "recommended" in out
+
+
+def test_recommendation_is_a_tensor_parallel_size_the_engine_can_shard(facts):
+    from mlc.distributed.checks import check_shardable
+
+    for name, hardware in (("glm-5", "nvidia-h200"), ("glm-4.5-air", "ascend-910b"), ("glm-4.5", "nvidia-h200")):
+        result = plan(facts[name], load_profile(hardware), PlanRequest())
+        rec = result.recommendation
+        assert rec.tensor_parallel > 1 and rec.expert_parallel  # MoE experts spread whole over the ranks
+        check_shardable(facts[name].hf_config, rec.tensor_parallel, rec.expert_parallel)
+        assert f"--tensor-parallel-size {rec.tensor_parallel} --enable-expert-parallel" in result.command
+    glm5 = plan(facts["glm-5"], load_profile("nvidia-h200"), PlanRequest())
+    assert glm5.command.startswith("mlc-cli serve --model glm-5 --device cuda --tensor-parallel-size 8")
+    # SmolLM2 has 9 heads: 2, 4 and 8 ranks cannot split them, so its plans never ask for them
+    small = plan(facts[DEFAULT], load_profile("cpu"), PlanRequest(seq_len=4096))
+    assert small.recommendation.tensor_parallel == 1 and "--tensor-parallel-size" not in small.command
+    assert "--max-seq-len 4096" in small.command

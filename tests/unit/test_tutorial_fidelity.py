@@ -250,14 +250,23 @@ def test_section_4_3_preprocess_line_runs_with_a_tokenizer_only_dir(tmp_path, mo
     assert stats["sequences"] == 1 and stats["padded_tokens"] % 16 == 0 and stats["truncated"] == 0
 
 
-def test_section_4_3_lora_yaml_model_parallel_is_refused_with_what_to_write(tmp_path):
+def test_section_4_3_lora_yaml_model_parallel_becomes_tensor_parallel(tmp_path):
     path = tmp_path / "glm5_7b_lora.yaml"
     path.write_text(GLM5_7B_LORA_YAML, encoding="utf-8")
+    notes: list[str] = []
+    cfg = load_train_config(path, None, notes)
+    assert cfg.nproc == 2 and cfg.tensor_parallel == 2  # four processes: two copies, each split over two
+    assert f"{path}: parallel_config.model_parallel -> tensor_parallel" in notes
+
+
+def test_section_4_3_lora_yaml_pipeline_stages_are_refused_with_what_to_write(tmp_path):
+    path = tmp_path / "glm5_7b_lora.yaml"
+    path.write_text(GLM5_7B_LORA_YAML.replace("pipeline_stage: 1", "pipeline_stage: 2"), encoding="utf-8")
     with pytest.raises(ConfigError) as e:
         load_train_config(path)
     msg = e.value.message
-    assert msg.startswith(f"{path}: parallel_config.model_parallel: 2: tensor (model) parallel training is not")
-    assert "set model_parallel: 1" in msg and "data_parallel" in msg
+    assert msg.startswith(f"{path}: parallel_config.pipeline_stage: 2: pipeline parallel training is not")
+    assert "model_parallel" in msg and "data_parallel" in msg
 
 
 def test_section_4_3_lora_yaml_with_one_model_copy_per_process(tmp_path):

@@ -119,7 +119,7 @@ def bench_serve(
 
 
 # Benchmarks that run the engine in-process live in their own modules, each with `register(bench_app)`.
-IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant", "bench_compare"]
+IN_PROCESS_BENCHES = ["bench_offline", "bench_kv", "bench_quant", "bench_compare", "bench_tp"]
 
 
 def register(app: typer.Typer) -> None:

@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
         max_seq_len: common.SeqLenOpt = None,
         config: common.ConfigOpt = None,
         verify: common.VerifyOpt = None,
+        tensor_parallel_size: common.TPOpt = None,
+        enable_expert_parallel: common.EPOpt = None,
     ) -> None:
         """Chat with a model in the terminal, using its chat template."""
         from mlc.engine.llm import LLM
@@ -39,7 +41,9 @@ def register(app: typer.Typer) -> None:
 
         cfg = common.engine_config(config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
                                    weight_dtype=weight_dtype,
-                                   kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len, verify=verify)
+                                   kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len, verify=verify,
+                                   tensor_parallel_size=tensor_parallel_size,
+                                   enable_expert_parallel=enable_expert_parallel)
         with console.status(f"loading {cfg.model}"):
             llm = LLM(config=cfg)
         console.print(f"[bold]{cfg.model}[/] ready. {HELP}")

@@ -26,6 +26,12 @@ BatchOpt = Annotated[Optional[int], typer.Option(
 SeqLenOpt = Annotated[Optional[int], typer.Option(
     "--max-seq-len", "--seq-len", "--max-model-len", help="Max prompt + output tokens per sequence.")]
 TokensOpt = Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="Token budget per step.")]
+TPOpt = Annotated[Optional[int], typer.Option(
+    "--tensor-parallel-size", "--tp", help="Split the model over N ranks, one process each (gloo on CPU, nccl on "
+    "CUDA, hccl on Ascend); default 1.")]
+EPOpt = Annotated[Optional[bool], typer.Option(
+    "--enable-expert-parallel", help="MoE models: spread whole experts over the tensor-parallel ranks instead of "
+    "splitting every expert.")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file; flags override it.")]
 VerifyOpt = Annotated[Optional[bool], typer.Option(
     "--verify", help="Check every byte of a store model against its manifest before loading (default: sizes and "

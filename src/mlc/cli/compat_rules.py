@@ -1,7 +1,7 @@
 """Per-command translations of other tools' flags (used by `compat.py`).
 
 serve: MindIE (`--device_id`, `--enable_paged_attention`, `--kv_cache_compression_ratio`; its other underscore
-flags are generic) and vLLM (`--gpu-memory-utilization`, `--lora-modules`, `--tensor-parallel-size`; its plain
+flags are generic) and vLLM (`--gpu-memory-utilization`, `--lora-modules`, `--tensor_parallel_size`; its plain
 renames are click aliases of our options). preprocess: the tutorial's `preprocess.py`. train: MindFormers'
 `run_mindformer.py`. A rule returns the tokens that replace the flag and what to print after `->`.
 """
@@ -87,10 +87,8 @@ def _loras(value: str | None) -> tuple[list[str], str]:
 
 
 def _tensor_parallel(value: str | None) -> tuple[list[str], str]:
-    if _number("--tensor-parallel-size", value or "", int) != 1:
-        raise ConfigError(f"--tensor-parallel-size {value}: one `mlc-cli serve` process runs on one device; tensor "
-                          "parallel serving across devices is planned with `mlc-cli plan --devices N`, not run here")
-    return [], "nothing to change: one device"
+    size = _number("--tensor_parallel_size", value or "", int)
+    return ["--tensor-parallel-size", str(size)], f"--tensor-parallel-size {size}"
 
 
 KV_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "auto": 16, "int8": 8, "int4": 4}
@@ -145,7 +143,7 @@ SERVE: dict[str, Rule] = {
                                          "--paged_attn", "--use_paged_attn", "--paged-attention")},
     "--gpu-memory-utilization": Rule("one", _memory_share),
     "--lora-modules": Rule("many", _loras),
-    **{f: Rule("one", _tensor_parallel) for f in ("--tensor-parallel-size", "--tensor_parallel_size")},
+    "--tensor_parallel_size": Rule("one", _tensor_parallel),
 }
 
 

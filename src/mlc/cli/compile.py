@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from mlc.errors import ConfigError
+
 console = Console()
 
 
@@ -23,6 +25,9 @@ def register(app: typer.Typer) -> None:
             help="Profile whose alignment the MLP width is padded to (e.g. ascend-910b).")] = None,
         alignment: Annotated[Optional[int], typer.Option(help="Pad the MLP width to a multiple of this.")] = None,
         overwrite: Annotated[bool, typer.Option(help="Replace --out if it exists.")] = False,
+        tensor_parallel_size: Annotated[int, typer.Option(
+            "--tensor-parallel-size", "--tp", help="Ranks the output will be served on: checked to shard evenly, "
+            "and the MLP width padded so that each rank's slice keeps the alignment.")] = 1,
     ) -> None:
         """Offline compile: fused q|k|v and gate|up, quantized weights, aligned dims, sha256 manifest."""
         from mlc.layers.quant import check_options
@@ -34,6 +39,16 @@ def register(app: typer.Typer) -> None:
             from mlc.config.hardware import load_profile
 
             align = load_profile(hardware).alignment
+        if tensor_parallel_size > 1:
+            from mlc.distributed.checks import check_shardable
+            from mlc.models.hf_checkpoint import read_config
+            from mlc.models.store import resolve_model_dir
+
+            check_shardable(read_config(resolve_model_dir(model)), tensor_parallel_size, False)
+            if weight_dtype != "auto":
+                raise ConfigError("a tensor-parallel compile keeps the weights in float (--weight-dtype auto); "
+                                  "quantize them at load time with `serve --weight-dtype`, each rank its own slice")
+            align = (align or 1) * tensor_parallel_size if align else None
         start = time.perf_counter()
         from mlc.cli.progress import progress_bar
 
@@ -44,7 +59,9 @@ def register(app: typer.Typer) -> None:
                 bar.update(task, completed=done, total=total, description=f"compiling {model}: {what}")
 
             res = compile_model(model, out, weight_dtype, group_size, alignment=align or 1, overwrite=overwrite,
-                                source_note={"hardware": hardware} if hardware else None, progress=step)
+                                source_note={k: v for k, v in (("hardware", hardware),
+                                             ("tensor_parallel_size", tensor_parallel_size)) if v and v != 1} or None,
+                                progress=step)
         pad = f", MLP width {res.padded_intermediate[0]} -> {res.padded_intermediate[1]}" if res.padded_intermediate else ""
         console.print(f"compiled {model} -> {res.out_dir} ({res.weight_dtype}, {res.quantized_layers} quantized layers"
                       f"{pad}, {res.bytes_written / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")

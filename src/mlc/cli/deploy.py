@@ -139,19 +139,31 @@ def down_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
 
 @deploy_app.command("nodes")
 def nodes_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
-    """The `ray start` line to run on each node, which gives Ray the pools of the cluster config."""
+    """The `ray start` line to run on each node (a `docker run` of the file's `image` when it names one), which gives
+    Ray the pools of the cluster config."""
     from mlc.deploy.cluster.ray_runtime import parse_address
     from mlc.deploy.cluster.resources import DEFAULT_RAY_PORT, device_kind, raylets
 
-    _, cluster = load_cluster(cluster_config, ctx)
+    path, cluster = load_cluster(cluster_config, ctx)
     kind = device_kind(cluster)
     address = parse_address(cluster)
     head = cluster.nodes[0].host
     port = address.local_port or DEFAULT_RAY_PORT
     if not address.is_local and address.text.count(":") == 1:
         port = int(address.text.rpartition(":")[2])
-    for r in raylets(cluster, kind):
-        console.print(f"[bold]{r.host}[/]: {r.command(kind, f'{head}:{port}', port)}", highlight=False)
+    if cluster.image:  # each raylet in the image (docker/): its replicas and training workers run there
+        from mlc.deploy.cluster.container import docker_run, store_note
+
+        console.print(f"each node runs Ray in {cluster.image_ref} (built from docker/ with "
+                      "--build-arg MLC_EXTRAS=serve,cluster)", highlight=False)
+        for r in raylets(cluster, kind):
+            line = docker_run(r, cluster, kind, f"{head}:{port}", port, path.parent)
+            console.print(f"[bold]{r.host}[/]: {line}", highlight=False)
+        if note := store_note(cluster):
+            console.print(f"note: {note}", highlight=False)
+    else:
+        for r in raylets(cluster, kind):
+            console.print(f"[bold]{r.host}[/]: {r.command(kind, f'{head}:{port}', port)}", highlight=False)
     console.print(f"then, from any machine that reaches {head}: mlc-cli deploy --cluster-config FILE "
                   f"(ray_address: {head}:{port})", highlight=False)
 

@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
         max_seq_len: common.SeqLenOpt = None,
         config: common.ConfigOpt = None,
         verify: common.VerifyOpt = None,
+        tensor_parallel_size: common.TPOpt = None,
+        enable_expert_parallel: common.EPOpt = None,
     ) -> None:
         """Generate text offline (no server)."""
         from mlc.engine.llm import LLM
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
         cfg = common.engine_config(
             config, model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len, verify=verify,
+            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
         )
         llm = LLM(config=cfg)
         prompts, params = [], []

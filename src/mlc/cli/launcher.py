@@ -48,9 +48,11 @@ def command_for(mode: Mode, preset, settings, model_dir: str | None, device: str
     if mode is Mode.train:
         seq = max(16, -(-min(settings.seq_len, 4096) // 16) * 16)  # LoRA rows are padded to multiples of 16
         return ["train", f"model={model_dir}", f"max_seq_len={seq}", f"device={device}"]
+    parallel = ["--tensor-parallel-size", str(settings.tensor_parallel)] if settings.tensor_parallel > 1 else []
+    parallel += ["--enable-expert-parallel"] if settings.expert_parallel else []
     return ["serve", "--model", model_dir, "--device", device, "--max-seq-len", str(settings.seq_len),
             "--weight-dtype", settings.weight_dtype, "--kv-cache-dtype", settings.kv_cache_dtype,
-            "--max-batch-size", str(settings.max_batch_size)]
+            "--max-batch-size", str(settings.max_batch_size), *parallel]
 
 
 def show(preset, settings, args: list[str]) -> None:
@@ -59,6 +61,8 @@ def show(preset, settings, args: list[str]) -> None:
                          ("kv cache", settings.kv_cache_dtype),
                          ("sparse kv ratio", settings.sparse_kv_ratio or "off"),
                          ("max batch", settings.max_batch_size), ("devices (plan)", settings.devices),
+                         ("tensor parallel", f"{settings.tensor_parallel}"
+                          f"{' with expert parallel' if settings.expert_parallel else ''}"),
                          ("fits", "yes" if settings.fits else "no"), ("why", settings.reason)):
         table.add_row(label, str(value))
     console.print(table)

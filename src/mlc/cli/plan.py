@@ -17,7 +17,8 @@ def _gib(n: float) -> str:
 
 def _par(lay) -> str:
     pp = f" x PP {lay.pipeline_parallel}" if lay.pipeline_parallel > 1 else ""
-    return f"{lay.devices} (TP {lay.tensor_parallel}{pp})"
+    ep = ", EP" if lay.expert_parallel else ""
+    return f"{lay.devices} (TP {lay.tensor_parallel}{pp}{ep})"
 
 
 ROWS = [
@@ -69,6 +70,8 @@ def print_plan(result) -> None:
             console.print("  " + _option_line(alt), highlight=False)
     for note in result.notes + lay.notes + (rec.notes if rec is not None and rec is not lay else []):
         console.print(f"  note: {note}", highlight=False)
+    if result.command:
+        console.print(f"serve it with: {result.command}", highlight=False)
 
 
 def plan_command(

@@ -13,7 +13,7 @@ console = Console()
 def preprocess_cmd(
     input_file: Path = typer.Argument(..., help=(
         "JSONL (or a JSON array): {instruction, output}, alpaca, {messages: [...]} or ShareGPT "
-        "{conversations: [{from, value}]} rows.")),
+        "{conversations: [{from, value}]} rows; a dataset_info.json entry naming the file renames their keys.")),
     out: Path = typer.Option(..., "--out", "-o", help="Output dir (Arrow dataset + stats.json)."),
     model: str = typer.Option("smollm2-135m-instruct", "--model", "-m", help=(
         "Whose tokenizer and chat template: a store name, a checkpoint dir, an org/name in the HF cache, or a "
@@ -52,6 +52,9 @@ def preprocess_cmd(
         f"{stats.truncated} truncated, {len(stats.dropped)} dropped -> {out}",
         highlight=False, soft_wrap=True,
     )
+    if stats.dataset_info:
+        console.print(f"  keys read as {stats.dataset_info} names them (formatting, columns, tags)",
+                      highlight=False, soft_wrap=True)
     for d in stats.dropped[:10]:
         where = f"{input_file} row {d['line']}" if stats.layout == "json" else f"{input_file}:{d['line']}"
         console.print(f"[yellow]  dropped {where}: {d['reason']}[/]", highlight=False, soft_wrap=True)

@@ -112,7 +112,13 @@ def train_cmd(
         from mlc.cli.deploy import train_on_cluster_cmd
 
         return train_on_cluster_cmd(cluster_config, config, args, cfg, resume, fresh)
-    nproc = nproc or cfg.nproc
+    nproc = (nproc or cfg.nproc) * cfg.tensor_parallel  # data-parallel copies x the ranks of each copy
+    if cfg.tensor_parallel > 1 and not launched_by_torchrun():  # a model that cannot be split: say so before
+        from mlc.models.hf_checkpoint import read_config  # any process starts
+        from mlc.models.store import resolve_model_dir
+        from mlc.train.tensor_parallel import check_trainable
+
+        check_trainable(read_config(resolve_model_dir(cfg.model)), cfg.tensor_parallel)
     if nproc > 1 and not launched_by_torchrun():
         worker_args = ["train", *(["--config", str(config)] if config else []), *args]
         worker_args += [flag for flag, on in (("--resume", resume), ("--fresh", fresh), ("--quiet", quiet)) if on]

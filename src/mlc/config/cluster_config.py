@@ -91,7 +91,7 @@ class ClusterConfig(BaseModel):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     env: dict[str, str] = {}
-    mounts: dict[str, str] = {}  # host path -> container path
+    mounts: dict[str, str] = {}  # host path -> container path, for the nodes' containers when `image` is set
 
     @field_validator("nodes", mode="before")
     @classmethod
@@ -124,6 +124,33 @@ class ClusterConfig(BaseModel):
         if v is not None and not re.fullmatch(r"(sha256:)?[0-9a-f]{64}", v):
             raise ValueError("image_sha256 must be 64 hex digits, optionally prefixed by 'sha256:'")
         return v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mount_targets(cls, v: dict[str, str]) -> dict[str, str]:
+        for host, target in v.items():
+            if not target.startswith("/"):
+                raise ValueError(f"mounts: container path {target!r} (for {host!r}) must be absolute, e.g. "
+                                 "/mlc/models, where the mlc images keep the model store")
+        return v
+
+    @model_validator(mode="after")
+    def _image_digest(self):
+        if self.image_sha256 is not None and self.image is None:
+            raise ValueError("image_sha256 pins `image`, which is not set; set image (e.g. mlc:20260920-cuda) or "
+                             "remove image_sha256")
+        if self.image_sha256 is not None and "@sha256:" in (self.image or ""):
+            given = self.image_sha256.removeprefix("sha256:")
+            if self.image.rpartition("@sha256:")[2] != given:
+                raise ValueError("image names a digest and image_sha256 another; keep one of them")
+        return self
+
+    @property
+    def image_ref(self) -> str | None:
+        """`image` as `docker run` pulls it: with image_sha256 appended as @sha256:..., so the pull is verified."""
+        if self.image is None or self.image_sha256 is None or "@sha256:" in self.image:
+            return self.image
+        return f"{self.image}@sha256:{self.image_sha256.removeprefix('sha256:')}"
 
     @field_validator("env", mode="before")
     @classmethod

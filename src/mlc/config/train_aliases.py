@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 from mlc.config.dotted import move_alias, pop_path
 
@@ -99,7 +98,8 @@ def _betas(data: dict, origin: dict[str, str], default: tuple[float, float]) -> 
 
 
 def _parallel(data: dict, origin: dict[str, str], notes: list[str]) -> None:
-    """parallel_config: data_parallel -> nproc (processes); model/pipeline parallel above 1 are refused."""
+    """parallel_config: data_parallel -> nproc (processes), model_parallel -> tensor_parallel; pipeline parallel
+    above 1 is refused."""
     found, section = pop_path(data, "parallel_config")
     if not found or section is None:
         return
@@ -113,15 +113,19 @@ def _parallel(data: dict, origin: dict[str, str], notes: list[str]) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"parallel_config.{key} must be an integer >= 1, got {value!r}")
         sizes[key] = value
-    for key, what in (("model_parallel", "tensor (model) parallel"), ("pipeline_stage", "pipeline parallel")):
-        if sizes.get(key, 1) > 1:
-            raise ValueError(
-                f"parallel_config.{key}: {sizes[key]}: {what} training is not available in mlc yet; set {key}: 1 "
-                f"and spread the work with parallel_config.data_parallel (processes, each with a full copy of the "
-                f"model: a LoRA run of a 7B model fits one 64 GB card in bf16)")
-    for key in ("model_parallel", "pipeline_stage"):
-        if key in sizes:
-            notes.append(f"parallel_config.{key}: 1 -> nothing to change (each process holds the whole model)")
+    if sizes.get("pipeline_stage", 1) > 1:
+        raise ValueError(
+            f"parallel_config.pipeline_stage: {sizes['pipeline_stage']}: pipeline parallel training is not available "
+            "in mlc yet; set pipeline_stage: 1 and split the model with model_parallel (tensor parallel) and the "
+            "data with data_parallel")
+    if "pipeline_stage" in sizes:
+        notes.append("parallel_config.pipeline_stage: 1 -> nothing to change (no pipeline stages)")
+    if "model_parallel" in sizes:
+        if "tensor_parallel" in data and data["tensor_parallel"] != sizes["model_parallel"]:
+            raise ValueError(f"parallel_config.model_parallel ({sizes['model_parallel']}) and tensor_parallel "
+                             f"({data['tensor_parallel']}) disagree; keep one of them")
+        data["tensor_parallel"] = sizes["model_parallel"]
+        origin["tensor_parallel"] = "parallel_config.model_parallel"
     if "data_parallel" in sizes:
         if "nproc" in data and data["nproc"] != sizes["data_parallel"]:
             raise ValueError(f"parallel_config.data_parallel ({sizes['data_parallel']}) and nproc ({data['nproc']}) "
@@ -164,10 +168,16 @@ def _precision_flags(data: dict, origin: dict[str, str]) -> None:
 
 
 def _dataset(data: dict, origin: dict[str, str]) -> None:
-    """`dataset` (+ `dataset_dir`): a file path, or one name in dataset_dir/dataset_info.json -> data.train."""
+    """`dataset` (+ `dataset_dir`): a file path, or one name in dataset_dir/dataset_info.json -> data.train; an
+    `eval_dataset` name is looked up the same way. The entry's formatting, columns and tags are checked here and
+    read with the file (mlc.config.dataset_info finds the entry again from the file's path)."""
+    eval_name = data["data"].get("eval") if origin.get("data.eval") == "eval_dataset" else None
     if "dataset" not in data:
-        if "dataset_dir" in data:
+        if "dataset_dir" in data and not isinstance(eval_name, str):
             raise ValueError("dataset_dir: given without dataset; name the file with dataset (or data.train)")
+        folder = Path(str(data.pop("dataset_dir", "data")))
+        if isinstance(eval_name, str):
+            data["data"]["eval"] = _dataset_file(eval_name, folder, "eval_dataset")
         return
     name = data.pop("dataset")
     folder = Path(str(data.pop("dataset_dir", "data")))
@@ -180,25 +190,21 @@ def _dataset(data: dict, origin: dict[str, str]) -> None:
     data.setdefault("data", {})
     data["data"]["train"] = path
     origin["data.train"] = "dataset"
+    if isinstance(eval_name, str):
+        data["data"]["eval"] = _dataset_file(eval_name, folder, "eval_dataset")
 
 
-def _dataset_file(name: str, folder: Path) -> str:
+def _dataset_file(name: str, folder: Path, key: str = "dataset") -> str:
+    from mlc.config.dataset_info import entry_file
+
     if Path(name).suffix in (".json", ".jsonl") or Path(name).is_file() or Path(name).is_dir():
         return name
-    info_path = folder / "dataset_info.json"
-    info: dict[str, Any] = {}
-    if info_path.is_file():
-        import json
-
-        try:
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"dataset: {name!r}: {info_path} is not readable JSON ({e})") from None
-    entry = info.get(name) if isinstance(info, dict) else None
-    if not isinstance(entry, dict) or not entry.get("file_name"):
-        raise ValueError(f"dataset: {name!r} is neither a file nor an entry with a file_name in {info_path}; "
-                         "give the data file's path (dataset: data/train.jsonl)")
-    return str(folder / entry["file_name"])
+    if "," in name:
+        raise ValueError(f"{key}: {name!r}: mlc reads one file; merge the datasets into one JSONL first")
+    try:
+        return entry_file(name, folder)[0]  # a bad formatting, columns or tags is reported now, not mid-run
+    except ValueError as e:
+        raise ValueError(str(e).replace("dataset: ", f"{key}: ", 1)) from None
 
 
 def _lora_target(data: dict, notes: list[str]) -> None:

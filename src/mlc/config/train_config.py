@@ -122,6 +122,7 @@ class TrainConfig(_Section):
     max_consecutive_bad_steps: int = Field(5, ge=1)
     output_dir: str = "runs/lora"
     nproc: int = Field(1, ge=1)  # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
+    tensor_parallel: int = Field(1, ge=1)  # ranks each copy of the model is split over; tutorial: model_parallel
 
     @model_validator(mode="after")
     def _check(self):

@@ -52,4 +52,22 @@ def plan(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> P
         "memory_bandwidth_gbps": profile.memory_bandwidth_gbps, "devices_per_node": profile.devices_per_node,
         "compute_dtype": compute_dtype_for(request, profile),
     }
-    return PlanResult(model, hardware, asdict(request), requested, pick, reason, alternatives, notes)
+    chosen = pick or requested
+    if chosen.pipeline_parallel > 1:
+        notes.append(f"pipeline parallel {chosen.pipeline_parallel} (across nodes) is not in the engine yet: it "
+                     f"serves one node's tensor-parallel ranks; deploy replicas of TP {chosen.tensor_parallel} "
+                     "once a layout fits one node")
+    return PlanResult(model, hardware, asdict(request), requested, pick, reason, alternatives, notes,
+                      serve_command(facts.name, profile, request, chosen, min(request.seq_len, facts.max_context)))
+
+
+def serve_command(model: str, profile: HardwareProfile, request: PlanRequest, lay, seq_len: int) -> str:
+    """The `mlc-cli serve` line that runs `lay` (one node's tensor-parallel ranks)."""
+    parts = [f"mlc-cli serve --model {model} --device {profile.device}"]
+    if lay.tensor_parallel > 1:
+        parts.append(f"--tensor-parallel-size {lay.tensor_parallel}")
+    if lay.expert_parallel:
+        parts.append("--enable-expert-parallel")
+    parts.append(f"--weight-dtype {lay.weight_dtype} --kv-cache-dtype {lay.kv_dtype}")
+    parts.append(f"--max-seq-len {seq_len} --max-batch-size {request.batch}")
+    return " ".join(parts)

@@ -6,6 +6,7 @@ from mlc.config.engine_config import SparseKVConfig
 from mlc.config.hardware import HardwareProfile
 from mlc.deploy.model_facts import ModelFacts
 from mlc.deploy.plan_layout import evaluate
+from mlc.distributed.checks import fits_tensor_parallel
 from mlc.deploy.plan_memory import compute_dtype_for
 from mlc.deploy.plan_types import Layout, PlanRequest
 
@@ -28,8 +29,10 @@ def _tiers(profile: HardwareProfile, compute: str, long_context: bool) -> list[t
 def recommend(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> tuple[Layout | None, str, list[Layout]]:
     compute = compute_dtype_for(request, profile)
     long_context = min(request.seq_len, facts.max_context) > SparseKVConfig().min_context
-    heads = facts.hf_config.num_attention_heads
-    counts = [d for d in DEVICE_COUNTS if heads % min(d, profile.devices_per_node) == 0 and d % min(d, profile.devices_per_node) == 0]
+    # device counts whose tensor-parallel part the engine can shard this model over (heads, KV heads, vocabulary,
+    # MLP widths, experts: `mlc.distributed.checks`)
+    counts = [d for d in DEVICE_COUNTS if d % min(d, profile.devices_per_node) == 0
+              and fits_tensor_parallel(facts.hf_config, min(d, profile.devices_per_node))]
     tiers = _tiers(profile, compute, long_context)
     best: dict[int, Layout] = {}
     for tier, (w, kv, sparse) in enumerate(tiers):

@@ -36,6 +36,9 @@ def evaluate(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest, 
     tp, pp = split_devices(devices, profile, facts.hf_config.num_attention_heads)
     seq_len = min(request.seq_len, facts.max_context)
     lay = Layout(weight_dtype, kv_dtype, sparse_ratio, devices, tp, pp)
+    # experts spread whole when they divide evenly: each rank runs fewer, larger expert GEMMs than when every expert
+    # is split tp ways
+    lay.expert_parallel = bool(facts.n_experts) and tp > 1 and facts.n_experts % tp == 0
     lay.weight_bytes = math.ceil(weight_bytes(facts, weight_dtype, compute, request.group_size) / devices)
     lay.kv_bytes_per_token, lay.kv_bytes_per_token_exact = kv_bytes_per_token(shard_spec(facts.kv_spec, tp, pp), kv_dtype)
     lay.tokens_per_seq = tokens_kept(seq_len, sparse_ratio, SparseKVConfig(ratio=sparse_ratio or 0.25))

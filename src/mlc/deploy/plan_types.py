@@ -30,6 +30,7 @@ class Layout:
     devices: int
     tensor_parallel: int
     pipeline_parallel: int
+    expert_parallel: bool = False  # MoE: whole experts spread over the TP ranks (serve --enable-expert-parallel)
     weight_bytes: int = 0
     kv_bytes_per_token: int = 0  # per device, all layers of its stage
     kv_bytes_per_token_exact: bool = True
@@ -60,6 +61,7 @@ class PlanResult:
     reason: str
     alternatives: list[Layout]
     notes: list[str]
+    command: str | None = None  # the serve line that runs the recommendation (or the request)
 
     def to_dict(self) -> dict:
         return {
@@ -71,4 +73,5 @@ class PlanResult:
             "reason": self.reason,
             "alternatives": [asdict(a) for a in self.alternatives],
             "notes": self.notes,
+            "command": self.command,
         }

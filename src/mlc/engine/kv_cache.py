@@ -42,6 +42,14 @@ class KVCache:
             for tensor in layer.values():
                 tensor.clear(slice(0, self.page_size))
 
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy entries between slots in every layer (copy-on-write of shared pages, sparse-KV compaction)."""
+        device = next(iter(self.layers[0].values())).data.device
+        src, dst = src.to(device), dst.to(device)
+        for layer in self.layers:
+            for tensor in layer.values():
+                tensor.copy_slots(src, dst)
+
     @staticmethod
     def layer_bytes_per_token_for(spec: list[dict[str, tuple[int, ...]]], dtype: KVDtype) -> list[int]:
         """Bytes one token costs in each layer, from the stores themselves (codes and scales counted)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 
 import torch
 
@@ -30,7 +31,7 @@ from mlc.errors import (
     ModelNotFoundError,
     RequestTooLargeError,
 )
-from mlc.layers.lora import LoRAAdapter, attach_adapter
+from mlc.layers.lora import LoRAAdapter
 from mlc.models.loader import describe_weights
 
 log = logging.getLogger("mlc.engine")
@@ -52,6 +53,24 @@ class LLMEngine:
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self.tp_group = None
+        if config.tensor_parallel_size > 1:
+            from mlc.engine.tp_runner import start_tensor_parallel
+
+            model, self.tp_group = start_tensor_parallel(config, model)
+            weakref.finalize(self, self.tp_group.shutdown)  # workers never outlive their engine
+        try:
+            self._build(config, model, tokenizer)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; a lone engine holds nothing to release)."""
+        if self.tp_group is not None:
+            self.tp_group.shutdown()
+
+    def _build(self, config: EngineConfig, model, tokenizer) -> None:
         if model is None:
             from mlc.models.loader import load_model
 
@@ -65,10 +84,13 @@ class LLMEngine:
         context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_seq_len = min(config.max_seq_len or context, context)
         cache_dtype = self._cache_dtype(config.kv_cache_dtype)
-        spec = model.kv_cache_spec()
+        spec = model.kv_cache_spec()  # this rank's heads under tensor parallelism: the budget is per rank
+        ranks = config.tensor_parallel_size
+        # on a CPU every rank's cache comes out of the same free memory
+        fraction = config.kv_cache_fraction / (ranks if model.device.type == "cpu" else 1)
         self.cache_plan: CachePlan = plan_cache(
             KVCache.bytes_per_token_for(spec, cache_dtype), config.page_size, config.kv_cache_memory,
-            config.kv_cache_fraction, model.device, config.max_batch_size, self.max_seq_len,
+            fraction, model.device, config.max_batch_size, self.max_seq_len,
         )
         if self.cache_plan.num_pages < 2:
             raise ConfigError(
@@ -77,12 +99,19 @@ class LLMEngine:
             )
         self.kv_cache = KVCache(spec, self.cache_plan.num_pages, config.page_size, cache_dtype, model.device)
         self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, self.kv_cache)
+        if self.tp_group is not None:  # every rank holds the same pages of its own heads
+            from mlc.engine.tp_runner import TPModelRunner
+
+            self.tp_group.run("init_cache", lambda *a: None, self.cache_plan.num_pages, config.page_size,
+                              config.kv_cache_dtype)
+            self.runner = TPModelRunner(model, self.kv_cache, self.tp_group)
+        else:
+            self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv
-        self.sparse = SparseKV(sparse, self.page_manager, self.kv_cache) if sparse and sparse.ratio < 1 else None
+        self.sparse = SparseKV(sparse, self.page_manager, self.runner) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.max_batch_size = self.cache_plan.max_batch_size
-        self.weights = describe_weights(model)
+        self.weights = describe_weights(model) + (f"; tensor parallel {ranks}" if ranks > 1 else "")
         plan = self.cache_plan
         log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s); max_batch_size %d%s",
                  self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20,
@@ -118,7 +147,7 @@ class LLMEngine:
         if name in self.adapter_ids:
             raise ConfigError(f"a LoRA adapter named {name!r} is already loaded")
         adapter_id = len(self.adapter_ids) + 1
-        self.adapters[name] = attach_adapter(self.model, adapter_id, name, path)
+        self.adapters[name] = self.runner.attach_adapter(adapter_id, name, path)
         self.adapter_ids[name] = adapter_id
         return adapter_id
 

@@ -12,8 +12,9 @@ from mlc.engine.isolate import one_by_one
 from mlc.engine.page_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
+from mlc.errors import EngineDeadError
 from mlc.layers.attention import build_attention_metadata
-from mlc.layers.lora import lora_rows
+from mlc.layers.lora import attach_adapter, lora_rows
 
 log = logging.getLogger("mlc.engine")
 
@@ -26,6 +27,21 @@ class StepOutput:
     failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it failed alone
 
 
+@dataclass
+class StepInputs:
+    """What one step runs, as plain data: the driver builds it from the scheduled sequences, and under tensor
+    parallelism every rank executes the same one."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    page_tables: list[list[int]]
+    adapter_rows: dict[int, list[int]]  # adapter id -> flat rows of its tokens
+    score: list[tuple[int, int, list[int], int]]  # (seq_id, first row, prompt targets, already scored) to score
+    logit_rows: list[int]  # flat rows whose next-token logits the step returns (sequences it completes)
+
+
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache):
         self.model = model
@@ -35,17 +51,20 @@ class ModelRunner:
     def apply_copies(self, copies: list[PageCopy]) -> None:
         ps = self.kv_cache.page_size
         for c in copies:
-            src = torch.arange(c.src * ps, c.src * ps + c.num_entries, device=self.device)
-            dst = torch.arange(c.dst * ps, c.dst * ps + c.num_entries, device=self.device)
-            for layer in self.kv_cache.layers:
-                for tensor in layer.values():
-                    tensor.copy_slots(src, dst)
+            self.kv_cache.move_slots(torch.arange(c.src * ps, c.src * ps + c.num_entries),
+                                     torch.arange(c.dst * ps, c.dst * ps + c.num_entries))
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """KV entries from slots `src` to `dst` (sparse-KV compaction comes through here too)."""
+        self.kv_cache.move_slots(src, dst)
 
     def run_isolating(self, scheduled: list[ScheduledSeq]) -> StepOutput:
         """`run`; if the batch fails, its sequences run one by one so that only the requests that fail alone are
         dropped (in `failed`); a batch in which every sequence fails raises."""
         try:
             return self.run(scheduled)
+        except EngineDeadError:
+            raise  # a tensor-parallel worker is gone: running alone cannot help
         except Exception as e:
             if len(scheduled) == 1:
                 raise
@@ -57,54 +76,71 @@ class ModelRunner:
         logits = torch.cat(rows) if rows else torch.empty(0, 0)
         return StepOutput(logits, scored, [scheduled[i] for i in kept], failed)
 
-    @torch.inference_mode()
     def run(self, scheduled: list[ScheduledSeq]) -> StepOutput:
         """Logits for each scheduled sequence whose step completes it, and the logprobs of the prompt tokens this
         step scored for sequences that asked for them."""
-        ids: list[int] = []
-        positions: list[int] = []
-        qlens, ctx, tables = [], [], []
-        for s in scheduled:
-            seq, k = s.seq, s.num_tokens
-            ids += seq.all_ids[seq.num_cached : seq.num_cached + k]
-            positions += range(seq.num_cached, seq.num_cached + k)
-            qlens.append(k)
-            ctx.append(seq.num_cache_entries + k)
-            tables.append(seq.page_table)
-        meta = build_attention_metadata(qlens, ctx, tables, self.kv_cache.page_size, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-        with lora_rows(self._adapter_rows(scheduled, meta.query_start)):
-            hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
-        scored = {s.seq.seq_id: self._score_prompt(s, hidden[start : start + s.num_tokens])
-                  for s, start in zip(scheduled, meta.query_start) if s.seq.params.prompt_logprobs}
-        rows = [r for r, s in zip(meta.last_token_indices(), scheduled) if s.completes]
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows \
-            else hidden.new_empty(0, 0)
+        logits, scored = self.execute(prepare_step(scheduled))
         return StepOutput(logits, scored, scheduled)
 
-    def _adapter_rows(self, scheduled: list[ScheduledSeq], starts: list[int]) -> dict:
-        """Flat rows of each adapter's tokens this step (a slice when they are contiguous)."""
-        rows: dict[int, list[int]] = {}
-        for s, start in zip(scheduled, starts):
-            if s.seq.adapter_id:
-                rows.setdefault(s.seq.adapter_id, []).extend(range(start, start + s.num_tokens))
+    def attach_adapter(self, adapter_id: int, name: str, path: str):
+        return attach_adapter(self.model, adapter_id, name, path)
+
+    @torch.inference_mode()
+    def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
+        meta = build_attention_metadata(step.query_lens, step.context_lens, step.page_tables, self.kv_cache.page_size,
+                                        self.device)
+        input_ids = torch.tensor(step.ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(step.positions, dtype=torch.long, device=self.device)
+        with lora_rows(self._adapter_rows(step.adapter_rows)):
+            hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
+        scored = {seq_id: self._score_prompt(hidden, start, targets, skip)
+                  for seq_id, start, targets, skip in step.score}
+        rows = step.logit_rows
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]) if rows \
+            else hidden.new_empty(0, 0)
+        return logits, scored
+
+    def _adapter_rows(self, rows: dict[int, list[int]]) -> dict:
+        """Each adapter's rows as a slice when they are contiguous, else an index tensor."""
         out = {}
         for adapter_id, idx in rows.items():
             contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
             out[adapter_id] = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)
         return out
 
-    def _score_prompt(self, s: ScheduledSeq, hidden: torch.Tensor) -> list[float]:
-        """Logprob of prompt token p+1 from the hidden state at p, for positions not scored before (a sequence
-        recomputed after preemption has scored some already)."""
-        seq = s.seq
-        first = seq.num_cached  # position of hidden[0]
-        targets = seq.prompt_ids[first + 1 : first + s.num_tokens + 1]
-        skip = len(seq.prompt_logprobs) - first
-        if not targets or skip >= len(targets):
+    def _score_prompt(self, hidden: torch.Tensor, start: int, targets: list[int], skip: int) -> list[float]:
+        if not targets:
             return []
-        rows = hidden[max(skip, 0) : len(targets)]
+        rows = hidden[start + max(skip, 0) : start + len(targets)]
         logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
         want = torch.tensor(targets[max(skip, 0) :], device=logprobs.device)
         return logprobs.gather(1, want[:, None])[:, 0].tolist()
+
+
+def prepare_step(scheduled: list[ScheduledSeq]) -> StepInputs:
+    """The step's flat inputs from the scheduled sequences (read, never changed)."""
+    step = StepInputs([], [], [], [], [], {}, [], [])
+    row = 0
+    for s in scheduled:
+        seq, k = s.seq, s.num_tokens
+        step.ids += seq.all_ids[seq.num_cached : seq.num_cached + k]
+        step.positions += range(seq.num_cached, seq.num_cached + k)
+        step.query_lens.append(k)
+        step.context_lens.append(seq.num_cache_entries + k)
+        step.page_tables.append(list(seq.page_table))
+        if seq.adapter_id:
+            step.adapter_rows.setdefault(seq.adapter_id, []).extend(range(row, row + k))
+        if seq.params.prompt_logprobs:
+            # logprob of prompt token p+1 from the hidden state at p, for positions not scored before (a sequence
+            # recomputed after preemption has scored some already)
+            first = seq.num_cached
+            targets = seq.prompt_ids[first + 1 : first + k + 1]
+            skip = len(seq.prompt_logprobs) - first
+            if targets and skip < len(targets):
+                step.score.append((seq.seq_id, row, targets, skip))
+            else:
+                step.score.append((seq.seq_id, row, [], 0))
+        if s.completes:
+            step.logit_rows.append(row + k - 1)
+        row += k
+    return step

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from mlc.config.engine_config import SparseKVConfig
 from mlc.engine.page_manager import PageManager
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from mlc.engine.model_runner import ModelRunner
 
 log = logging.getLogger("mlc.engine")
 
@@ -92,9 +96,10 @@ def entry_positions(seq: Sequence) -> torch.Tensor:
 
 class SparseKV:
     """Applies the policy to running sequences: moves entries in every cache tensor and releases freed pages.
-    With `kv_cache=None` only the pages are accounted (capacity planning with the real allocator)."""
+    `kv_cache` is what moves the entries (`move_slots`): the cache itself, or the engine's model runner, which reaches
+    every tensor-parallel rank's shard. With `kv_cache=None` only the pages are accounted (capacity planning with the real allocator)."""
 
-    def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: KVCache | None):
+    def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: KVCache | ModelRunner | None):
         self.policy = SparseKVPolicy(cfg, page_manager.page_size)
         self.pages, self.kv_cache = page_manager, kv_cache
         self.pages_freed = 0
@@ -124,12 +129,7 @@ class SparseKV:
         self.pages.unregister_from(seq, int(dst[0]) // ps)
         if self.kv_cache is not None:
             table = torch.tensor(seq.page_table, dtype=torch.long)
-            device = next(iter(self.kv_cache.layers[0].values())).data.device
-            src_slots = (table[src // ps] * ps + src % ps).to(device)
-            dst_slots = (table[dst // ps] * ps + dst % ps).to(device)
-            for layer in self.kv_cache.layers:
-                for store in layer.values():
-                    store.copy_slots(src_slots, dst_slots)
+            self.kv_cache.move_slots(table[src // ps] * ps + src % ps, table[dst // ps] * ps + dst % ps)
         seq.kv_positions = positions[kept]
         freed = self.pages.shrink(seq, len(kept))
         self.pages_freed += freed

@@ -145,6 +145,8 @@ def attach_adapter(model, adapter_id: int, name: str, path: Path) -> LoRAAdapter
         start = sum(sizes[: target.shard]) if target.shard is not None else 0
         stop = start + (sizes[target.shard] if target.shard is not None else base.out_features)
         a, b = ab["lora_A"], ab["lora_B"]
+        if getattr(base, "tp", None) is not None:  # this rank's part of a tensor-parallel layer
+            a, b = base.tp.lora(target.shard, a, b)
         if a.shape != (rank, base.in_features) or b.shape != (stop - start, rank):
             raise ModelFormatError(f"{path}: {hf_module} LoRA shapes {tuple(a.shape)}/{tuple(b.shape)} do not fit the "
                                    f"base layer ({base.in_features} -> {stop - start}, r={rank})")

@@ -16,7 +16,8 @@ from torch import nn
 from mlc.layers.attention import AttentionGroup, AttentionMetadata, GroupKind, gather_context, group_mask
 from mlc.layers.dsa import DsaIndexer, Selection, selection_mask
 from mlc.layers.kv_store import LayerCache
-from mlc.layers.linear import Linear
+from mlc.distributed.state import reduce_from_tp
+from mlc.layers.linear import Linear, split_evenly
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import apply_rope_deinterleave, rope_parameters
 
@@ -35,18 +36,21 @@ def mla_scale(cfg) -> float:
 class MLAttention(nn.Module):
     def __init__(self, cfg, with_indexer: bool):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
+        self.num_heads = split_evenly(cfg.num_attention_heads, "number of attention heads")  # this rank's
         self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_lora_rank = cfg.kv_lora_rank
         bias = bool(getattr(cfg, "attention_bias", False))
         qk = self.nope + self.rope
         self.q_a_proj = Linear(cfg.hidden_size, cfg.q_lora_rank, bias=bias)
         self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, eps=1e-6)
-        self.q_b_proj = Linear(cfg.q_lora_rank, self.num_heads * qk)
+        heads = cfg.num_attention_heads  # the latent projections stay whole on every rank; per-head ones split
+        self.q_b_proj = Linear(cfg.q_lora_rank, heads * qk, parallel="col", what="number of attention heads")
         self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, self.kv_lora_rank + self.rope, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=1e-6)
-        self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim))
-        self.o_proj = Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=bias)
+        self.kv_b_proj = Linear(self.kv_lora_rank, heads * (self.nope + self.v_dim), parallel="col",
+                                what="number of attention heads")
+        self.o_proj = Linear(heads * self.v_dim, cfg.hidden_size, bias=bias, parallel="row",
+                             what="number of attention heads")
         self.indexer = DsaIndexer(cfg) if with_indexer else None
         self.scale = mla_scale(cfg)
 
@@ -107,4 +111,4 @@ class MLAttention(nn.Module):
                 qg.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=self.scale
             )
             out[g.tokens] = og.transpose(1, 2).reshape(-1, self.num_heads, self.v_dim)
-        return self.o_proj(out.reshape(t, -1)), selection
+        return reduce_from_tp(self.o_proj(out.reshape(t, -1))), selection

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlc.distributed.state import ep_enabled, reduce_from_tp, tp_rank, tp_size
 from mlc.errors import ModelFormatError
+from mlc.layers.linear import split_evenly
 from mlc.layers.mlp import GatedMLP
 from mlc.layers.weight_target import WeightTarget
 
@@ -84,39 +86,91 @@ class TopkRouter(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """SwiGLU experts as stacked weights: `gate_up_proj [E, 2I, hidden]` (gate rows first), `down_proj [E, hidden, I]`."""
+    """SwiGLU experts as stacked weights: `gate_up_proj [E, 2I, hidden]` (gate rows first), `down_proj [E, hidden, I]`.
+
+    Under tensor parallelism each rank holds either a contiguous block of whole experts (expert parallelism:
+    `first`..`first + n_experts`) or every expert with a slice of its intermediate size I; in both cases its output
+    is a partial sum that the MoE block reduces across ranks."""
 
     def __init__(self, hidden: int, intermediate: int, n_experts: int):
         super().__init__()
-        self.n_experts = n_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(n_experts, 2 * intermediate, hidden), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(n_experts, hidden, intermediate), requires_grad=False)
+        self.total = n_experts
+        self.n_experts = split_evenly(n_experts, "number of routed experts") if ep_enabled() else n_experts
+        self.first = tp_rank() * self.n_experts if ep_enabled() else 0
+        self.split = 1 if ep_enabled() else tp_size()
+        self.inter = split_evenly(intermediate, "MoE intermediate size", self.split)
+        self.gate_up_proj = nn.Parameter(torch.empty(self.n_experts, 2 * self.inter, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(self.n_experts, hidden, self.inter), requires_grad=False)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return dispatch_experts(x, ids, weights, self.n_experts, self._expert)
+        return dispatch_experts(x, ids, weights, self.total, self._expert, self.first, self.n_experts)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj[e])
 
+    def _cut(self, t: torch.Tensor, dim: int, half: int | None = None) -> torch.Tensor:
+        """This rank's slice of the intermediate dimension `dim` (of one half of a fused gate|up)."""
+        if self.split == 1:
+            return t
+        full = t.shape[dim] // (1 if half is None else 2)
+        base = 0 if half is None else half * full
+        start = base + tp_rank() * (full // self.split)
+        return t.narrow(dim, start, full // self.split)
 
-def dispatch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, n_experts: int, expert) -> torch.Tensor:
+    def load_tensor(self, attr: str, name: str, tensor: torch.Tensor, target: WeightTarget) -> None:
+        """One checkpoint tensor: the fused `[E, ...]` stack, or one expert's gate, up or down projection."""
+        param = getattr(self, attr)
+        if target.expert is None:
+            if tensor.shape[0] != self.total:
+                raise ModelFormatError(f"{name}: {tensor.shape[0]} experts, the config declares {self.total}; "
+                                       "the checkpoint and its config.json disagree")
+            tensor = tensor[self.first : self.first + self.n_experts]
+            tensor = torch.cat([self._cut(tensor, 1, 0), self._cut(tensor, 1, 1)], dim=1) \
+                if attr == "gate_up_proj" and self.split > 1 else self._cut(tensor, 2) \
+                if attr == "down_proj" else tensor
+            dest = param.data
+        else:
+            e = target.expert
+            if not 0 <= e < self.total:
+                raise ModelFormatError(f"{name}: expert {e} does not exist, the config declares {self.total} "
+                                       "experts; the checkpoint and its config.json disagree")
+            if not self.first <= e < self.first + self.n_experts:
+                return  # another rank's expert
+            dest = param.data[e - self.first]
+            if target.rows is not None:
+                half = target.rows[0] // (target.rows[1] - target.rows[0])
+                dest = dest[half * self.inter : (half + 1) * self.inter]
+                tensor = self._cut(tensor, 0)
+            elif attr == "down_proj":
+                tensor = self._cut(tensor, 1)
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ModelFormatError(f"{name}: shape {tuple(tensor.shape)} does not match the config's "
+                                   f"{tuple(dest.shape)}; the checkpoint and its config.json disagree")
+        dest.copy_(tensor)
+
+
+def dispatch_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, n_experts: int, expert,
+                     first: int = 0, count: int | None = None) -> torch.Tensor:
     """Runs only the experts that received tokens, in ascending expert order, each on its own tokens
-    (`expert(e, x_rows)`); the weighted outputs are cast to x's dtype before they are summed (transformers' order)."""
+    (`expert(e - first, x_rows)`); the weighted outputs are cast to x's dtype before they are summed (transformers'
+    order). Only experts `first`..`first + count` run here (this rank's, under expert parallelism)."""
     top_k = ids.shape[1]
     flat = ids.flatten()
     order = flat.argsort(stable=True)
     counts = torch.bincount(flat, minlength=n_experts).tolist()
     flat_weights = weights.flatten()
     out = torch.zeros_like(x)
-    start = 0
-    for e, count in enumerate(counts):
-        if not count:
+    stop = n_experts if count is None else first + count
+    start = sum(counts[:first])
+    for e in range(first, stop):
+        n = counts[e]
+        if not n:
             continue
-        picks = order[start : start + count]
-        start += count
+        picks = order[start : start + n]
+        start += n
         tokens = picks // top_k
-        y = expert(e, x[tokens]) * flat_weights[picks, None]
+        y = expert(e - first, x[tokens]) * flat_weights[picks, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out
 
@@ -131,7 +185,8 @@ class SparseMoeBlock(nn.Module):
         self.gate = TopkRouter(hidden, n_routed_experts, top_k, n_group, topk_group, norm_topk_prob,
                                routed_scaling_factor)
         self.experts = RoutedExperts(hidden, moe_intermediate, n_routed_experts)
-        self.shared_experts = GatedMLP(hidden, moe_intermediate * n_shared_experts) if n_shared_experts else None
+        shared = moe_intermediate * n_shared_experts
+        self.shared_experts = GatedMLP(hidden, shared, reduce=False) if n_shared_experts else None
 
     @classmethod
     def from_config(cls, cfg) -> SparseMoeBlock:
@@ -143,4 +198,6 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.gate(x)
         out = self.experts(x, ids, weights)
-        return out + self.shared_experts(x) if self.shared_experts is not None else out
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return reduce_from_tp(out)  # routed and shared partial sums of every rank, in one reduction

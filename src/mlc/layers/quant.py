@@ -23,7 +23,9 @@ from functools import partial
 import torch
 from torch import nn
 
+from mlc.distributed.state import parallel_state
 from mlc.errors import ConfigError
+from mlc.layers import quant_kernels as qk
 from mlc.layers.linear import Linear, MergedLinear
 from mlc.layers.moe import RoutedExperts
 from mlc.layers.quant_kernels import INT4_GROUP_SIZES
@@ -95,6 +97,11 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
     if target is not None and target.itemsize > compute.itemsize:
         raise ConfigError(f"weight_dtype {weight_dtype} is wider than the compute dtype {compute}; "
                           f"use --dtype {weight_dtype} instead")
+    if weight_dtype == "int8" and int8_scheme != "w8a16" and parallel_state().size > 1:
+        # W8A8's per-token activation scale would see only a rank's part of a row-parallel layer's input: tensor
+        # parallel int8 runs W8A16 everywhere, so a request's tokens do not depend on the tensor-parallel size
+        log.info("tensor-parallel int8 runs W8A16 in every layer (not %s)", int8_scheme)
+        int8_scheme = "w8a16"
     q = _Quantizer(weight_dtype, group_size, int8_scheme, use_kernels)
     kinds = (Linear, RoutedExperts) if quantize_experts else (Linear,)
     head = getattr(model, "lm_head", None)
@@ -127,9 +134,14 @@ class _Quantizer:
     def __post_init__(self):
         self.report = QuantReport(self.weight_dtype)
 
-    def make(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, shards: list[int] | None):
+    def make(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, shards: list[int] | None,
+             row_sharded: bool = False):
+        extra = {}
+        if row_sharded and self.weight_dtype == "int8":
+            # each rank holds some input columns: the per-row scale comes from the whole row, as in one process
+            extra["codes"] = dict(zip(("qweight", "scale"), qk.quantize_int8(weight, reduce_amax=max_over_ranks)))
         layer = layer_factory(self.weight_dtype, name, self.group_size, self.int8_scheme, self.use_kernels)(
-            weight, bias, shards)
+            weight, bias, shards, **extra)
         self.report.float_bytes += _bytes(weight) + (0 if bias is None else _bytes(bias))
         self.report.count(layer)
         return layer
@@ -150,13 +162,26 @@ class _Quantizer:
         if not self.fits(name, weight.shape[1]):
             return module
         shards = module.shard_sizes if isinstance(module, MergedLinear) else None
-        return self.make(name, weight, getattr(module, "bias", None), shards)
+        sharding = getattr(module, "tp", None)
+        layer = self.make(name, weight, getattr(module, "bias", None), shards, sharding is not None and sharding.mode == "row")
+        layer.tp = sharding  # LoRA adapters attached later are cut like the float layer was
+        return layer
 
     def experts(self, name: str, experts: RoutedExperts) -> nn.Module:
         if not (self.fits(name + ".gate_up_proj", experts.gate_up_proj.shape[-1])
                 and self.fits(name + ".down_proj", experts.down_proj.shape[-1])):
             return experts
-        return QuantizedExperts(experts, lambda proj, w, shards: self.make(f"{name}.{proj}", w, None, shards))
+        row = experts.split > 1  # experts split inside: down_proj holds a slice of each expert's inputs
+        return QuantizedExperts(experts, lambda proj, w, shards: self.make(
+            f"{name}.{proj}", w, None, shards, row and proj == "down_proj"))
+
+
+def max_over_ranks(amax: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    amax = amax.contiguous()
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=parallel_state().group)
+    return amax
 
 
 def release_free_memory() -> None:

@@ -17,11 +17,13 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` acce
 INT4_SCALE_DTYPE = torch.bfloat16  # the CPU kernel requires scales in the activation dtype, and it runs in bf16
 
 
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[N, K]` float -> (int8 `[N, K]`, fp32 scale `[N]`)."""
+def quantize_int8(w: torch.Tensor, reduce_amax=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N, K]` float -> (int8 `[N, K]`, fp32 scale `[N]`). `reduce_amax` turns this slice's per-row absolute
+    maximum into the whole row's (a row-parallel layer's ranks each hold some of the K columns)."""
     w = w.float()
     lo, hi = torch.aminmax(w, dim=1)
-    scale = (torch.maximum(-lo, hi) / 127).clamp(min=1e-12)
+    amax = torch.maximum(-lo, hi)
+    scale = ((amax if reduce_amax is None else reduce_amax(amax)) / 127).clamp(min=1e-12)
     q = (w / scale[:, None]).round_().clamp_(-127, 127)  # in place: loading a model quantizes every weight once
     return q.to(torch.int8), scale
 

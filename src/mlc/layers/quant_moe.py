@@ -18,14 +18,14 @@ LayerFactory = Callable[[str, torch.Tensor, list[int] | None], QuantizedLinear] 
 class QuantizedExperts(nn.Module):
     def __init__(self, experts: RoutedExperts, make: LayerFactory):
         super().__init__()
-        self.n_experts = experts.n_experts
+        self.n_experts, self.total, self.first = experts.n_experts, experts.total, experts.first
         inter = experts.gate_up_proj.shape[1] // 2
         n = range(self.n_experts)
         self.gate_up = nn.ModuleList(make("gate_up_proj", experts.gate_up_proj[e], [inter, inter]) for e in n)
         self.down = nn.ModuleList(make("down_proj", experts.down_proj[e], None) for e in n)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return dispatch_experts(x, ids, weights, self.n_experts, self._expert)
+        return dispatch_experts(x, ids, weights, self.total, self._expert, self.first, self.n_experts)
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up[e](x).chunk(2, dim=-1)

@@ -8,20 +8,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlc.distributed.state import gather_from_tp, reduce_from_tp, tp_rank, tp_size
 from mlc.errors import ModelFormatError
 from mlc.layers.attention import AttentionMetadata, build_attention_metadata
 from mlc.layers.kv_store import LayerCache
-from mlc.layers.linear import MergedLinear
+from mlc.layers.linear import MergedLinear, split_evenly
 from mlc.layers.weight_target import WeightTarget
 
 
 class Embedding(nn.Module):
+    """Token embedding; vocabulary-parallel under tensor parallelism (each rank holds a contiguous slice of rows,
+    looks up the ids that fall in it and zeros the rest, and the ranks' lookups are summed)."""
+
     def __init__(self, num_embeddings: int, dim: int):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_embeddings, dim), requires_grad=False)
+        self.full_rows = num_embeddings
+        self.rows = split_evenly(num_embeddings, "vocabulary size") if tp_size() > 1 else num_embeddings
+        self.start = tp_rank() * self.rows if tp_size() > 1 else 0
+        self.weight = nn.Parameter(torch.empty(self.rows, dim), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        if self.rows == self.full_rows:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.rows)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside[:, None], 0)
+        return reduce_from_tp(out)
+
+    def tp_slice(self, attr: str, tensor: torch.Tensor) -> torch.Tensor:
+        if self.rows == self.full_rows or tensor.shape[0] != self.full_rows:
+            return tensor
+        return tensor[self.start : self.start + self.rows]
 
 
 class CausalLM(nn.Module):
@@ -46,8 +63,9 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if isinstance(self.lm_head, Embedding):  # tied: the embedding matrix is the head
-            return F.linear(hidden, self.lm_head.weight).float()
-        return self.lm_head(hidden).float()  # a Linear, or its quantized stand-in
+            return gather_from_tp(F.linear(hidden, self.lm_head.weight)).float()
+        # a Linear, or its quantized stand-in; under tensor parallelism each rank scores its slice of the vocabulary
+        return gather_from_tp(self.lm_head(hidden)).float()
 
     def kv_cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
         """Per layer: cache tensor name -> per-token shape."""
@@ -107,18 +125,18 @@ class CausalLM(nn.Module):
         """Hook after all tensors are in (derive fused or absorbed weights)."""
 
     def _load_one(self, name, tensor, target: WeightTarget, param, modules) -> None:
+        module_name, _, attr = target.param.rpartition(".")
+        module = modules.get(module_name)
         if target.shard is not None:
-            module_name, _, attr = target.param.rpartition(".")
-            module = modules[module_name]
             assert isinstance(module, MergedLinear)
             module.load_shard(target.shard, name, tensor, attr == "bias")
             return
-        if target.expert is not None and not 0 <= target.expert < param.shape[0]:
-            raise ModelFormatError(
-                f"{name}: expert {target.expert} does not exist, the config declares {param.shape[0]} experts; "
-                "the checkpoint and its config.json disagree"
-            )
-        dest = param.data if target.expert is None else param.data[target.expert]
+        if hasattr(module, "load_tensor"):  # stacked experts place (and shard) their own tensors
+            module.load_tensor(attr, name, tensor, target)
+            return
+        if hasattr(module, "tp_slice"):
+            tensor = module.tp_slice(attr, tensor)
+        dest = param.data
         if target.rows is not None:
             dest = dest[target.rows[0] : target.rows[1]]
         if tuple(dest.shape) != tuple(tensor.shape):

@@ -11,7 +11,7 @@ from mlc.errors import ModelFormatError
 from mlc.models.gguf_dequant import dequantize_tensor
 from mlc.models.gguf_reader import GGUFFile
 
-CONVERTIBLE_ARCHITECTURES = ("llama", "glm4")
+CONVERTIBLE_ARCHITECTURES = ("llama", "glm4", "glm4moe")
 # llama.* keys that map one to one onto config.json fields
 LLAMA_KEYS = {
     "context_length": "max_position_embeddings",
@@ -111,9 +111,9 @@ def hf_config(gf: GGUFFile) -> tuple[dict[str, Any], list[str]]:
             f"{gf.path.name}: GGUF architecture {arch!r} is not supported; mlc converts "
             f"{', '.join(CONVERTIBLE_ARCHITECTURES)} GGUFs (use an HF checkpoint directory for other models)"
         )
-    if int(gf.arch_key("nextn_predict_layers", 0) or 0):
+    if arch != "glm4moe" and int(gf.arch_key("nextn_predict_layers", 0) or 0):  # glm4moe: the layers are skipped
         raise ModelFormatError(f"{gf.path.name}: GGUFs with multi-token-prediction (NextN) layers are not supported")
-    if int(gf.arch_key("expert_count", 0) or 0) > 0:
+    if arch != "glm4moe" and int(gf.arch_key("expert_count", 0) or 0) > 0:
         raise ModelFormatError(f"{gf.path.name}: mixture-of-experts llama GGUFs (Mixtral-style) are not supported")
     names = gf.tensor_names()
     cfg: dict[str, Any] = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu"}
@@ -142,10 +142,16 @@ def hf_config(gf: GGUFFile) -> tuple[dict[str, Any], list[str]]:
         from mlc.models.gguf_glm4 import glm4_config
 
         cfg = glm4_config(cfg, names)
+    handled = set(LLAMA_KEYS_HANDLED)
+    if arch == "glm4moe":
+        from mlc.models.gguf_glm4_moe import GLM4_MOE_KEYS, glm4_moe_config
+
+        cfg = glm4_moe_config(gf, cfg, names)
+        handled |= GLM4_MOE_KEYS
     prefix = f"{arch}."
     unmapped = sorted(
         k for k in gf.metadata
-        if k.startswith(prefix) and k[len(prefix):] not in LLAMA_KEYS and k[len(prefix):] not in LLAMA_KEYS_HANDLED
+        if k.startswith(prefix) and k[len(prefix):] not in LLAMA_KEYS and k[len(prefix):] not in handled
     )
     return cfg, unmapped
 

@@ -58,6 +58,11 @@ def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def iter_hf_tensors(gf: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, fp32 array) for every tensor, with q/k rows returned to HF's rope layout."""
+    if gf.architecture == "glm4moe":
+        from mlc.models.gguf_glm4_moe import iter_glm4_moe_tensors
+
+        yield from iter_glm4_moe_tensors(gf, cfg)
+        return
     for t in gf.reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # folded into rope_parameters by hf_config

@@ -100,7 +100,8 @@ class GlmMoeDsaForCausalLM(CausalLM):
         check_config(cfg)
         self.model = GlmMoeDsaModel(cfg)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = self.model.embed_tokens if self.tied else Linear(
+            cfg.hidden_size, cfg.vocab_size, parallel="col", what="vocabulary size")
         self.rotary = RotaryEmbedding(cfg, cfg.qk_rope_head_dim)
         self.indexer_types = indexer_types_of(cfg)
 

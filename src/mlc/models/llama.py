@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mlc.distributed.state import reduce_from_tp, tp_rank, tp_size
+from mlc.errors import ConfigError
 from mlc.layers.attention import AttentionMetadata, paged_attention
 from mlc.layers.kv_store import LayerCache
-from mlc.layers.linear import Linear, MergedLinear
+from mlc.layers.linear import Linear, MergedLinear, split_evenly
 from mlc.layers.mlp import GatedMLP
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_parameters
@@ -32,6 +34,23 @@ def kv_heads_of(cfg) -> int:
     return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
 
+def local_heads(cfg) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(first, count) of this rank's query heads and KV heads. Query heads split evenly; KV heads too, or, when
+    there are fewer KV heads than ranks, each rank keeps the one KV head its query heads read (replicated)."""
+    heads, kv = cfg.num_attention_heads, kv_heads_of(cfg)
+    size, rank = tp_size(), tp_rank()
+    if size == 1:
+        return (0, heads), (0, kv)
+    per_rank = split_evenly(heads, "number of attention heads")
+    if kv >= size:
+        kv_per_rank = split_evenly(kv, "number of KV heads")
+        return (rank * per_rank, per_rank), (rank * kv_per_rank, kv_per_rank)
+    if size % kv:
+        raise ConfigError(f"tensor parallel size {size} is more than the model's {kv} KV heads and not a multiple of "
+                          f"it; use a size that divides {kv} or a multiple of {kv} that divides {heads}")
+    return (rank * per_rank, per_rank), (rank // (size // kv), 1)
+
+
 def map_stacked_name(name: str) -> WeightTarget:
     """`...q_proj.weight` -> shard 0 of `...qkv_proj.weight`, and so on; other names pass through."""
     parts = name.split(".")
@@ -46,13 +65,15 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = kv_heads_of(cfg)
-        self.head_dim = head_dim_of(cfg)
+        heads, kv_heads = local_heads(cfg)
+        self.num_heads, self.num_kv_heads = heads[1], kv_heads[1]
+        self.head_dim = d = head_dim_of(cfg)
         bias = bool(getattr(cfg, "attention_bias", False))
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(cfg.hidden_size, [q, kv, kv], bias=bias)
-        self.o_proj = Linear(q, cfg.hidden_size, bias=bias if self.o_proj_bias is None else self.o_proj_bias)
+        q, kv = cfg.num_attention_heads * d, kv_heads_of(cfg) * d
+        local = [(heads[0] * d, heads[1] * d), (kv_heads[0] * d, kv_heads[1] * d), (kv_heads[0] * d, kv_heads[1] * d)]
+        self.qkv_proj = MergedLinear(cfg.hidden_size, [q, kv, kv], bias=bias, local=local)
+        self.o_proj = Linear(q, cfg.hidden_size, bias=bias if self.o_proj_bias is None else self.o_proj_bias,
+                             parallel="row", what="number of attention heads x head_dim")
         self.scale = self.head_dim**-0.5
 
     def forward(self, x, cos, sin, cache: LayerCache | None, meta: AttentionMetadata) -> torch.Tensor:
@@ -63,7 +84,7 @@ class LlamaAttention(nn.Module):
         qk = self.rotate(qkv[:, :split].view(t, h + self.num_kv_heads, d), cos, sin)
         v = qkv[:, split:].view(t, self.num_kv_heads, d)
         o = paged_attention(qk[:, :h], qk[:, h:], v, cache, meta, self.scale)
-        return self.o_proj(o.reshape(t, -1))
+        return reduce_from_tp(self.o_proj(o.reshape(t, -1)))
 
     def rotate(self, qk, cos, sin):
         """Positions into the query and key heads `[T, H + KV, D]`; subclasses change the convention or norm first."""
@@ -103,7 +124,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(cfg)
         self.model = LlamaModel(cfg, self.layer_cls)
         self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = self.model.embed_tokens if self.tied else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.lm_head = self.model.embed_tokens if self.tied else Linear(
+            cfg.hidden_size, cfg.vocab_size, parallel="col", what="vocabulary size")
         factor = rope_parameters(cfg).get("partial_rotary_factor", 1.0)
         self.rotary = RotaryEmbedding(cfg, int(head_dim_of(cfg) * factor))
 
@@ -115,7 +137,7 @@ class LlamaForCausalLM(CausalLM):
         return self.model.norm(h)
 
     def kv_cache_spec(self):
-        shape = (kv_heads_of(self.config), head_dim_of(self.config))
+        shape = (local_heads(self.config)[1][1], head_dim_of(self.config))  # this rank's KV heads
         return [{"k": shape, "v": shape} for _ in range(self.config.num_hidden_layers)]
 
     def map_weight_name(self, name):

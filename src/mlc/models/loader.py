@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from mlc.config.device import cpu_has_native_bf16, resolve_device, resolve_dtype
+from mlc.distributed.state import tp_size
 from mlc.models.base import CausalLM
 from mlc.models.compiled import install_quantized_layers, is_compiled, read_compiled_manifest
 from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
@@ -19,6 +20,10 @@ def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
 
     manifest = read_compiled_manifest(model_dir)
     compiled = manifest["options"]["weight_dtype"]
+    if compiled != "auto" and tp_size() > 1:
+        raise ConfigError(f"{model_dir} holds {compiled} layers quantized whole, which tensor parallelism cannot split "
+                          "yet; compile with --weight-dtype auto (and --tensor-parallel-size) and quantize at load "
+                          "with --weight-dtype, or serve the source checkpoint")
     if compiled != "auto":
         if weight_dtype not in ("auto", compiled):
             raise ConfigError(f"{model_dir} is compiled with weight_dtype {compiled}; drop --weight-dtype {weight_dtype} "

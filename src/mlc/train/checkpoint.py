@@ -108,9 +108,21 @@ def save_rank_state(tmp: Path, rank: int) -> None:
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
 
 
-def finish_save(tmp: Path, step: int, peft_model, optimizer, scheduler, scaler, state: dict, keep: int) -> Path:
-    """Rank 0: write the shared state, then rename the temp dir into place and prune old checkpoints."""
-    peft_model.save_pretrained(str(tmp), safe_serialization=True)
+def save_adapter(peft_model, out: Path, whole: dict | None = None) -> None:
+    """PEFT's adapter files; `whole` (a tensor-parallel run's gathered state) replaces this rank's slices."""
+    peft_model.save_pretrained(str(out), safe_serialization=True)
+    if whole is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in whole.items()}, str(Path(out) / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+
+
+def finish_save(tmp: Path, step: int, peft_model, optimizer, scheduler, scaler, state: dict, keep: int,
+                whole_adapter: dict | None = None) -> Path:
+    """Rank 0: write the shared state, then rename the temp dir into place and prune old checkpoints. A
+    tensor-parallel run passes its gathered adapter; its other ranks wrote their optimizer-tp{r}.pt already."""
+    save_adapter(peft_model, tmp, whole_adapter)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     if scaler is not None:
@@ -191,7 +203,7 @@ def read_state(path: Path) -> dict:
         raise TrainingError(f"checkpoint {path} is unreadable ({e}); delete it to resume from the one before") from None
 
 
-def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: int) -> dict:
+def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: int, tp=None) -> dict:
     """Restore everything saved by `finish_save`; RNG last, after model building has drawn its random numbers."""
     from peft import set_peft_model_state_dict
     from safetensors import SafetensorError
@@ -199,10 +211,16 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: 
 
     try:
         weights = load_file(str(path / "adapter_model.safetensors"))
+        if tp is not None:
+            weights = tp.local_state(peft_model, weights)
         result = set_peft_model_state_dict(peft_model, weights)
         if getattr(result, "unexpected_keys", None):
             raise TrainingError(f"checkpoint {path} has adapter tensors this model lacks: {result.unexpected_keys[:3]}")
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        opt_file = path / ("optimizer.pt" if tp is None or tp.rank == 0 else f"optimizer-tp{tp.rank}.pt")
+        if not opt_file.is_file():
+            raise TrainingError(f"checkpoint {path} has no {opt_file.name}; resume with the tensor_parallel it was "
+                                "saved with")
+        optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
         if scaler is not None and (path / "scaler.pt").is_file():
             scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))

@@ -20,10 +20,19 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    tp: int = 1  # ranks per copy of the model (tensor parallel); the data is split over world_size // tp copies
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def data_world(self) -> int:
+        return self.world_size // self.tp
 
     @property
     def enabled(self) -> bool:
@@ -34,10 +43,12 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_distributed(device: torch.device) -> DistInfo:
+def init_distributed(device: torch.device, tp: int = 1) -> DistInfo:
     if not launched_by_torchrun():
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)), tp)
+    if info.world_size % tp:
+        raise TrainingError(f"{info.world_size} processes cannot hold copies of the model split {tp} ways")
     if not dist.is_initialized():
         dist.init_process_group(backend=BACKENDS[device.type])
     return info
@@ -50,9 +61,13 @@ def device_for_rank(device: torch.device, info: DistInfo) -> torch.device:
     return torch.device(device.type, info.local_rank)
 
 
-def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
+def all_reduce_sum(value: torch.Tensor, info: DistInfo, per_copy: bool = True) -> torch.Tensor:
+    """Sum over the copies of the model (`per_copy`: the ranks of one tensor-parallel copy hold the same value,
+    counted once), or over every rank."""
     if info.enabled:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        if per_copy and info.tp > 1:
+            value /= info.tp
     return value
 
 

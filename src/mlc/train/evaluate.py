@@ -14,7 +14,7 @@ from mlc.models.tokenizer import load_tokenizer, render_chat
 from mlc.train.data import collate, load_rows, target_count
 from mlc.train.formats import RecordError, to_messages
 from mlc.train.model import compute_dtype, load_adapter, load_base_model, loss_sum
-from mlc.train.preprocess import PreprocessOptions, pad_token_id, read_records
+from mlc.train.preprocess import PreprocessOptions, data_schema, pad_token_id, read_records
 
 
 @dataclass
@@ -56,11 +56,12 @@ def score_rows(net, rows: list[dict], tokenizer, device, dtype, batch_size: int 
 def greedy_answers(net, tokenizer, data: str | Path, n: int, max_new_tokens: int = 160, fmt: str = "auto") -> list[dict]:
     """The model's greedy answers to the first `n` prompts of `data` (transformers' generate)."""
     samples = []
+    fmt, schema = data_schema(data, fmt)  # a dataset_info.json entry's columns/tags, as the loss reads them
     for record in read_records(data):
         if len(samples) >= n:
             break
         try:
-            _, messages = to_messages(record, fmt)
+            _, messages = to_messages(record, fmt, schema)
         except RecordError:
             continue  # the loss already counts it as dropped
         prompt = render_chat(tokenizer, messages[:-1], add_generation_prompt=True)

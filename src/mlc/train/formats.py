@@ -6,17 +6,21 @@
 - sharegpt: LLaMA-Factory's `{"conversations": [{"from": "human"|"gpt"|"system"|"function_call"|"observation",
   "value": ...}, ...], "system": ..., "tools": ...}` (system and tools optional); human -> user, gpt and
   function_call -> assistant (the call's JSON text is what is trained), observation -> tool.
+
+A `DatasetSchema` (LLaMA-Factory's dataset_info.json `columns` and `tags`, see mlc.config.dataset_info) gives other
+names for these keys and ShareGPT roles; errors name the keys as the rows spell them. Its `formatting` (alpaca or
+sharegpt) fixes the format, and an alpaca `history` column adds earlier [prompt, response] turns.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
+from mlc.config.dataset_info import DEFAULT_SCHEMA, DatasetSchema
+
 RecordFormat = Literal["instruction", "alpaca", "chat", "sharegpt"]
 FORMATS: tuple[str, ...] = ("instruction", "alpaca", "chat", "sharegpt")
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "function_call": "assistant", "observation": "tool",
-                  "system": "system"}
 
 
 class RecordError(ValueError):
@@ -48,14 +52,31 @@ def _text(record: dict, key: str, required: bool = True) -> str:
     return value
 
 
-def _instruction_messages(record: dict, with_extras: bool) -> list[dict]:
-    prompt = _text(record, "instruction")
+def _history(record: dict, key: str | None) -> list[dict]:
+    """LLaMA-Factory's alpaca `history`: earlier [prompt, response] pairs, trained like the last turn."""
+    pairs = record.get(key) if key else None
+    if pairs is None or pairs == []:
+        return []
+    if not isinstance(pairs, list):
+        raise RecordError(f"{key!r} must be a list of [prompt, response] pairs, got {type(pairs).__name__}")
+    out = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise RecordError(f"{key}[{i}] must be a [prompt, response] pair of strings")
+        out += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    return out
+
+
+def _instruction_messages(record: dict, with_extras: bool, schema: DatasetSchema = DEFAULT_SCHEMA) -> list[dict]:
+    prompt = _text(record, schema.col("prompt"))
     if with_extras:
-        extra = _text(record, "input", required=False)
+        extra = _text(record, schema.col("query"), required=False)
         prompt = f"{prompt}\n\n{extra}" if extra.strip() else prompt
-    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": _text(record, "output")}]
-    system = _text(record, "system", required=False) if with_extras else ""
-    return ([{"role": "system", "content": system}] if system.strip() else []) + messages
+    turns = _history(record, schema.col("history")) if with_extras else []
+    turns += [{"role": "user", "content": prompt},
+              {"role": "assistant", "content": _text(record, schema.col("response"))}]
+    system = _text(record, schema.col("system"), required=False) if with_extras else ""
+    return ([{"role": "system", "content": system}] if system.strip() else []) + turns
 
 
 def _chat_messages(record: dict) -> list[dict]:
@@ -72,66 +93,82 @@ def _chat_messages(record: dict) -> list[dict]:
     return out
 
 
-def _sharegpt_messages(record: dict) -> list[dict]:
+def sharegpt_roles(schema: DatasetSchema = DEFAULT_SCHEMA) -> dict[str, str]:
+    """The row's role values -> our roles (`human` -> user, ... or the names `tags` gives)."""
+    t = schema.tag
+    return {t("user_tag"): "user", t("assistant_tag"): "assistant", t("function_tag"): "assistant",
+            t("observation_tag"): "tool", t("system_tag"): "system"}
+
+
+def _sharegpt_messages(record: dict, schema: DatasetSchema = DEFAULT_SCHEMA) -> list[dict]:
     """LLaMA-Factory's ShareGPT turns: an optional leading system turn, then human/observation and
-    gpt/function_call alternating, ending with gpt or function_call."""
-    turns = record["conversations"]
+    gpt/function_call alternating, ending with gpt or function_call (each name as `schema.tags` spells it)."""
+    key, role_key, text_key = schema.col("messages"), schema.tag("role_tag"), schema.tag("content_tag")
+    user, assistant, function, observation, system_tag = (schema.tag(f"{r}_tag") for r in (
+        "user", "assistant", "function", "observation", "system"))
+    roles = sharegpt_roles(schema)
+    turns = record[key]
     if not isinstance(turns, list) or not turns:
-        raise RecordError("'conversations' must be a non-empty list of {from, value}")
+        raise RecordError(f"{key!r} must be a non-empty list of {{{role_key}, {text_key}}}")
     out: list[dict] = []
-    system = _text(record, "system", required=False)
+    system = _text(record, schema.col("system"), required=False)
     if system.strip():
         out.append({"role": "system", "content": system})
     prompt_side = True  # the next turn must be human or observation
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            raise RecordError(f"conversations[{i}] must be an object {{from, value}}, got {type(turn).__name__}")
-        who = turn.get("from")
-        if who not in SHAREGPT_ROLES:
-            raise RecordError(f"conversations[{i}].from is {who!r}; use one of {', '.join(SHAREGPT_ROLES)}")
-        if not isinstance(turn.get("value"), str):
-            raise RecordError(f"conversations[{i}].value must be a string, got {type(turn.get('value')).__name__}")
-        if who == "system":
+            raise RecordError(f"{key}[{i}] must be an object {{{role_key}, {text_key}}}, got {type(turn).__name__}")
+        who = turn.get(role_key)
+        if who not in roles:
+            raise RecordError(f"{key}[{i}].{role_key} is {who!r}; use one of {', '.join(roles)}")
+        if not isinstance(turn.get(text_key), str):
+            raise RecordError(f"{key}[{i}].{text_key} must be a string, got {type(turn.get(text_key)).__name__}")
+        if who == system_tag:
             if i != 0 or out:
-                raise RecordError(f"conversations[{i}].from is 'system': only the first turn may be (or use the "
-                                  "row's 'system' field, not both)")
-            out.append({"role": "system", "content": turn["value"]})
+                raise RecordError(f"{key}[{i}].{role_key} is {system_tag!r}: only the first turn may be (or use the "
+                                  f"row's {schema.col('system')!r} field, not both)")
+            out.append({"role": "system", "content": turn[text_key]})
             continue
-        expected = ("human", "observation") if prompt_side else ("gpt", "function_call")
+        expected = (user, observation) if prompt_side else (assistant, function)
         if who not in expected:
-            raise RecordError(f"conversations[{i}].from is {who!r} where {' or '.join(expected)} was expected "
-                              "(turns alternate human/observation, then gpt/function_call)")
-        out.append({"role": SHAREGPT_ROLES[who], "content": turn["value"]})
+            raise RecordError(f"{key}[{i}].{role_key} is {who!r} where {' or '.join(expected)} was expected "
+                              f"(turns alternate {user}/{observation}, then {assistant}/{function})")
+        out.append({"role": roles[who], "content": turn[text_key]})
         prompt_side = not prompt_side
     if not out or out[-1]["role"] != "assistant":
-        raise RecordError("the last turn of 'conversations' must be from gpt or function_call (it is what is trained)")
+        raise RecordError(f"the last turn of {key!r} must be from {assistant} or {function} (it is what is trained)")
     return out
 
 
-def record_tools(record: object) -> list[dict] | None:
+def record_tools(record: object, schema: DatasetSchema = DEFAULT_SCHEMA) -> list[dict] | None:
     """A ShareGPT row's `tools` (a JSON string or a list of function definitions) for the chat template; None
     when the row has none."""
     import json
 
-    tools = record.get("tools") if isinstance(record, dict) else None
+    key = schema.col("tools")
+    tools = record.get(key) if isinstance(record, dict) and key else None
     if tools is None or tools == "" or tools == []:
         return None
     if isinstance(tools, str):
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as e:
-            raise RecordError(f"'tools' is not valid JSON ({e.msg} at column {e.colno})") from None
+            raise RecordError(f"{key!r} is not valid JSON ({e.msg} at column {e.colno})") from None
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise RecordError("'tools' must be a list of function definitions (objects), or that list as a JSON string")
+        raise RecordError(f"{key!r} must be a list of function definitions (objects), or that list as a JSON string")
     return [t if "type" in t else {"type": "function", "function": t} for t in tools]
 
 
-def to_messages(record: object, fmt: str = "auto") -> tuple[RecordFormat, list[dict]]:
-    """The record's format and its messages, ending with the assistant turn to learn."""
+def to_messages(record: object, fmt: str = "auto",
+                schema: DatasetSchema = DEFAULT_SCHEMA) -> tuple[RecordFormat, list[dict]]:
+    """The record's format and its messages, ending with the assistant turn to learn. A schema from a
+    dataset_info.json entry fixes the format (its `formatting`) when `fmt` is auto."""
     if not isinstance(record, dict):
         raise RecordError(f"a row must be a JSON object, got {type(record).__name__}")
+    if fmt == "auto" and schema.formatting:
+        fmt = schema.formatting
     found = detect_format(record) if fmt == "auto" else fmt
     if fmt != "auto" and fmt not in FORMATS:
         raise RecordError(f"unknown format {fmt!r}; use auto, {', '.join(FORMATS)}")
@@ -140,7 +177,9 @@ def to_messages(record: object, fmt: str = "auto") -> tuple[RecordFormat, list[d
             raise RecordError("format chat needs a 'messages' list")
         return found, _chat_messages(record)
     if found == "sharegpt":
-        if "conversations" not in record:
-            raise RecordError("format sharegpt needs a 'conversations' list of {from, value}")
-        return found, _sharegpt_messages(record)
-    return found, _instruction_messages(record, with_extras=found == "alpaca")
+        key = schema.col("messages")
+        if key not in record:
+            raise RecordError(f"format sharegpt needs a {key!r} list of "
+                              f"{{{schema.tag('role_tag')}, {schema.tag('content_tag')}}}")
+        return found, _sharegpt_messages(record, schema)
+    return found, _instruction_messages(record, with_extras=found == "alpaca", schema=schema)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from mlc.config.dataset_info import REQUIRED_COLUMNS, DatasetSchema, schema_for_file
 from mlc.errors import DataError, InvalidRequestError
 from mlc.models.tokenizer import render_chat
 from mlc.train.formats import FORMATS, RecordError, record_tools, to_messages
@@ -60,6 +61,7 @@ class PreprocessStats:
     formats: dict[str, int] = field(default_factory=dict)
     dropped: list[dict] = field(default_factory=list)  # {"line": n, "reason": "..."} (n: element of a JSON array)
     layout: str = "jsonl"  # jsonl, or json (one JSON array of rows, as LLaMA-Factory's datasets often are)
+    dataset_info: str = ""  # the dataset_info.json entry whose columns/tags the rows were read with
     options: dict = field(default_factory=dict)
     model: str = ""
 
@@ -230,6 +232,48 @@ def _drop(stats: PreprocessStats, opts: PreprocessOptions, path: Path, line_no: 
     stats.dropped.append({"line": line_no, "reason": reason})
 
 
+def data_schema(path: str | Path, fmt: str = "auto") -> tuple[str, DatasetSchema]:
+    """The format to read `path` with and how its rows are spelled: a LLaMA-Factory dataset_info.json entry whose
+    file_name is `path` gives its formatting, columns and tags (mlc.config.dataset_info)."""
+    try:
+        schema = schema_for_file(path)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    fits = {"alpaca": ("auto", "alpaca", "instruction"), "sharegpt": ("auto", "sharegpt")}
+    if schema.formatting and fmt not in fits[schema.formatting]:
+        raise DataError(f"format {fmt} was asked for {path}, but {schema.source} says formatting: "
+                        f"{schema.formatting}; leave the format at auto (--format / data.format) or fix the entry")
+    return fmt, schema
+
+
+def _check_first_row(schema: DatasetSchema, record: object, path: Path) -> None:
+    """The keys a dataset_info.json entry says every row has, on the first row: a wrong name fails the file at
+    once, not every row one by one."""
+    named = dict(schema.named)
+    for kind in REQUIRED_COLUMNS[schema.formatting]:
+        key = schema.col(kind)
+        if key not in record:
+            how = f"columns.{kind}" if kind in named else f"the default, as the entry gives no columns.{kind}"
+            raise DataError(f"{path}: {schema.source} reads {kind} from {key!r} ({how}), but the first row has no "
+                            f"{key!r} (its keys: {', '.join(map(str, record)) or 'none'}); set columns.{kind} to the "
+                            "key the rows use, or rename that key in the data")
+    turns = record.get(schema.col("messages")) if schema.formatting == "sharegpt" else None
+    first = turns[0] if isinstance(turns, list) and turns and isinstance(turns[0], dict) else None
+    for tag in ("role_tag", "content_tag") if first is not None else ():
+        if schema.tag(tag) not in first:
+            raise DataError(f"{path}: {schema.source} reads each turn's {tag.removesuffix('_tag')} from "
+                            f"{schema.tag(tag)!r} (tags.{tag}), but the first turn has no such key (its keys: "
+                            f"{', '.join(map(str, first))}); set tags.{tag} to the key the turns use")
+
+
+def _check_named_columns(schema: DatasetSchema, seen: set, path: Path) -> None:
+    """Every column the entry names must be in some row (LLaMA-Factory would fail on it too)."""
+    for kind, key in schema.named:
+        if key not in seen:
+            raise DataError(f"{path}: {schema.source} names columns.{kind}: {key!r}, but no row has a {key!r} key; "
+                            f"remove columns.{kind} or set it to the key the rows use")
+
+
 def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions,
                   progress: Optional[Progress] = None) -> tuple[list[dict], PreprocessStats]:
     """Rows ready for the collator, and the stats; a bad row is dropped and reported, or raises with on_error=fail.
@@ -238,12 +282,19 @@ def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions,
     if not path.is_file():
         raise DataError(f"data file {path} not found")
     stats = PreprocessStats(source=str(path), options=asdict(opts))
+    want, schema = data_schema(path, opts.format)
+    stats.dataset_info = schema.source
     formats: Counter[str] = Counter()
     examples: list[tuple[list[int], list[int]]] = []
+    seen: set = set()  # keys of the rows, when a dataset_info.json entry says which ones they must have
     for line_no, record in _read_jsonl(path, stats, opts, progress):
+        if schema.formatting and isinstance(record, dict):
+            if not seen:
+                _check_first_row(schema, record, path)
+            seen.update(record)
         try:
-            fmt, messages = to_messages(record, opts.format)
-            tools = record_tools(record) if fmt == "sharegpt" else None
+            fmt, messages = to_messages(record, want, schema)
+            tools = record_tools(record, schema) if fmt == "sharegpt" else None
             ids, labels = tokenize_messages(tokenizer, messages, opts.train_on_prompt, tools)
         except RecordError as e:
             _drop(stats, opts, path, line_no, str(e))
@@ -259,6 +310,8 @@ def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions,
         stats.tokens += len(ids)
         stats.trainable_tokens += sum(x != IGNORE_INDEX for x in labels)
         stats.max_tokens = max(stats.max_tokens, len(ids))
+    if schema.named:
+        _check_named_columns(schema, seen, path)
     if not examples:
         raise DataError(f"{path}: no usable rows ({len(stats.dropped)} dropped: {_first_reasons(stats)})")
     pad_id = pad_token_id(tokenizer)

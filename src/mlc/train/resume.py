@@ -46,7 +46,7 @@ def usable_checkpoint(out: Path, dist: DistInfo, must_resume: bool) -> Path | No
             warn(f"checkpoint {path} skipped: {problem}; {then}")
     # Every rank must resume from the same step: rank 0's choice as step + 1 (0: none), summed over ranks.
     code = torch.tensor([ckpt.step_of(chosen) + 1 if chosen else 0], dtype=torch.float64)
-    step = int(all_reduce_sum(code, dist).item()) - 1
+    step = int(all_reduce_sum(code, dist, per_copy=False).item()) - 1
     if step >= 0:
         return ckpt.checkpoint_root(out) / ckpt.step_dir_name(step)
     if found and must_resume:

@@ -91,7 +91,8 @@ class LoRATrainer:
         self.opts = opts or RunOptions()
         self.out = Path(cfg.output_dir)
         self.device = resolve_device(cfg.device)
-        self.dist: DistInfo = init_distributed(self.device)
+        self.dist: DistInfo = init_distributed(self.device, cfg.tensor_parallel)
+        self.tp = None  # TPTraining when the model is split (cfg.tensor_parallel > 1)
         self.device = device_for_rank(self.device, self.dist)
         self.dtype = compute_dtype(cfg.precision, self.device)
         self.log = TrainLog(self.out)
@@ -127,7 +128,7 @@ class LoRATrainer:
                 )
         self.plan = StepPlan(
             len(self.rows), cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed,
-            self.dist.world_size, self.dist.rank,
+            self.dist.data_world, self.dist.data_rank,
         )
         if cfg.max_steps is not None:
             self.total_steps = cfg.max_steps
@@ -139,12 +140,22 @@ class LoRATrainer:
         self.peft_model = attach_lora(base, self.cfg.lora)
         self.peft_model.train()
         self.model = self.peft_model
-        if self.dist.enabled:
+        dp_group = None
+        if self.cfg.tensor_parallel > 1:
+            from mlc.train.tensor_parallel import groups, shard_for_training
+
+            if not self.dist.enabled:
+                raise ConfigError(f"tensor_parallel {self.cfg.tensor_parallel} needs one process per rank: run "
+                                  "`mlc-cli train`, which starts them")
+            tp_group, dp_group, tp_rank, _ = groups(self.dist.world_size, self.cfg.tensor_parallel)
+            self.tp = shard_for_training(self.peft_model, tp_rank, self.cfg.tensor_parallel, tp_group)
+        if self.dist.data_world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type != "cpu" else None
-            self.model = DistributedDataParallel(self.peft_model, device_ids=ids)
+            self.model = DistributedDataParallel(self.peft_model, device_ids=ids, process_group=dp_group)
         self.params = trainable_parameters(self.peft_model)
+        self.named_params = [(n, p) for n, p in self.peft_model.named_parameters() if p.requires_grad]
         o = self.cfg.optimizer
         self.optimizer = torch.optim.AdamW(
             self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
@@ -168,8 +179,9 @@ class LoRATrainer:
                 self.log.truncate_after(-1)  # a run killed before its first checkpoint starts over
             return 0
         state = ckpt.read_state(latest)
-        check_resumable(self.cfg, self.dist.world_size, state, latest)
-        ckpt.load_checkpoint(latest, self.peft_model, self.optimizer, self.scheduler, self.scaler, self.dist.rank)
+        check_resumable(self.cfg, self.dist.data_world, state, latest)
+        ckpt.load_checkpoint(latest, self.peft_model, self.optimizer, self.scheduler, self.scaler, self.dist.rank,
+                             self.tp)
         self.skipped, self.consecutive_bad = state["skipped_steps"], state["consecutive_bad_steps"]
         self.eval_before = state.get("eval_loss_before")
         self.resumed_from, self.resumed_path = state["step"], latest
@@ -187,7 +199,7 @@ class LoRATrainer:
         seed_everything(self.cfg.seed)
         self._build_model()
         # Dropout streams differ per rank; set after the adapter's random init so that init is the same everywhere.
-        seed_everything(self.cfg.seed + self.dist.rank)
+        seed_everything(self.cfg.seed + self.dist.data_rank)  # the ranks of one model copy draw the same numbers
         self.skipped = self.consecutive_bad = 0
         self.eval_before: float | None = None
         self.resumed_from: int | None = None
@@ -197,7 +209,7 @@ class LoRATrainer:
 
     # -- one step ---------------------------------------------------------------------------------------------------
     def _no_sync(self, last: bool):
-        if self.dist.enabled and not last:
+        if self.dist.data_world > 1 and not last:
             return self.model.no_sync()
         return contextlib.nullcontext()
 
@@ -211,7 +223,7 @@ class LoRATrainer:
         )
         targets, tokens = all_reduce_sum(counts, self.dist).tolist()
         # DDP averages gradients over ranks; multiplying by world_size makes the step's loss the mean over all its tokens.
-        scale = self.dist.world_size / max(targets, 1.0)
+        scale = self.dist.data_world / max(targets, 1.0)
         local_sum = torch.zeros((), dtype=torch.float64)
         for i, batch in enumerate(batches):
             with self._no_sync(last=i == len(batches) - 1):
@@ -225,7 +237,11 @@ class LoRATrainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.clip_norm if self.cfg.clip_norm is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        if self.tp is not None:
+            self.tp.sync_grads()
+            grad_norm = self.tp.clip_grad_norm(self.named_params, clip)
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
         lr = self.scheduler.get_last_lr()[0]
         finite = math.isfinite(mean_loss) and math.isfinite(grad_norm)
         if finite and self.scaler is not None:
@@ -271,7 +287,7 @@ class LoRATrainer:
         if not self.eval_rows:
             return None
         self.peft_model.eval()
-        mine = self.eval_rows[self.dist.rank :: self.dist.world_size]
+        mine = self.eval_rows[self.dist.data_rank :: self.dist.data_world]
         totals = torch.zeros(2, dtype=torch.float64)
         bs = self.cfg.batch_size
         for i in range(0, len(mine), bs):
@@ -293,6 +309,9 @@ class LoRATrainer:
         tmp = ckpt.begin_save(self.out, step) if self.dist.is_main else ckpt.tmp_dir(self.out, step)
         barrier(self.dist)
         ckpt.save_rank_state(tmp, self.dist.rank)
+        adapter = self.tp.full_state(self.peft_model) if self.tp is not None else None  # a collective
+        if self.tp is not None and self.dist.data_rank == 0 and self.tp.rank > 0:
+            torch.save(self.optimizer.state_dict(), tmp / f"optimizer-tp{self.tp.rank}.pt")
         barrier(self.dist)
         if self.dist.is_main:
             epoch, in_epoch = self.plan.position(step)
@@ -300,19 +319,21 @@ class LoRATrainer:
                 "step": step, "next_position": {"epoch": epoch, "step_in_epoch": in_epoch},
                 "skipped_steps": self.skipped, "consecutive_bad_steps": self.consecutive_bad,
                 "eval_loss_before": self.eval_before, "world_size": self.dist.world_size,
-                "rows_per_step": self.cfg.rows_per_step(self.dist.world_size), "config": self.cfg.model_dump(),
+                "rows_per_step": self.cfg.rows_per_step(self.dist.data_world), "config": self.cfg.model_dump(),
             }
             ckpt.finish_save(
-                tmp, step, self.peft_model, self.optimizer, self.scheduler, self.scaler, state, self.cfg.keep_checkpoints
+                tmp, step, self.peft_model, self.optimizer, self.scheduler, self.scaler, state, self.cfg.keep_checkpoints,
+                adapter,
             )
         barrier(self.dist)
 
     def _save_adapter(self) -> Path:
         final = self.out / ADAPTER_DIR
+        adapter = self.tp.full_state(self.peft_model) if self.tp is not None else None  # a collective
         if self.dist.is_main:
             tmp = self.out / f".{ADAPTER_DIR}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
-            self.peft_model.save_pretrained(str(tmp), safe_serialization=True)
+            ckpt.save_adapter(self.peft_model, tmp, adapter)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         barrier(self.dist)

@@ -87,6 +87,8 @@ class Settings:
     fits: bool
     reason: str
     notes: list[str]
+    tensor_parallel: int = 1
+    expert_parallel: bool = False
 
 
 def recommend(preset: Preset, hw: Hardware, seq_len: int) -> Settings:
@@ -99,10 +101,11 @@ def recommend(preset: Preset, hw: Hardware, seq_len: int) -> Settings:
     rec = result.recommendation or result.requested
     seq = min(seq_len, result.model["max_context"])
     notes = list(result.notes[:1])
-    if rec.devices > 1:
-        notes.append(f"the plan spreads the model over {rec.devices} devices; the engine runs on one device until "
-                     "tensor parallelism lands, so this serves only where one device holds it")
+    if rec.pipeline_parallel > 1:
+        notes.append(f"the plan needs {rec.devices} devices over {rec.pipeline_parallel} nodes (pipeline parallel), "
+                     "which the engine does not run yet; it serves one node's tensor-parallel ranks")
     if rec.devices > hw.count:
         notes.append(f"this machine has {hw.count} {hw.device} device(s); the plan needs {rec.devices}")
     return Settings(hw.profile, hw.device, seq, rec.weight_dtype, rec.kv_dtype, rec.sparse_kv_ratio,
-                    max(1, min(rec.max_batch, 64)), rec.devices, rec.fits, result.reason, notes)
+                    max(1, min(rec.max_batch, 64)), rec.devices, rec.fits, result.reason, notes,
+                    rec.tensor_parallel, rec.expert_parallel)

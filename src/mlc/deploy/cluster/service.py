@@ -38,10 +38,13 @@ class DeployResult:
 
 def replica_serve_config(cluster: ClusterConfig, serve: ServeConfig, kind: str) -> ServeConfig:
     """The serve config every replica runs: the device of the pool's kind, CPU threads matching its CPUs."""
+    tp = cluster.tensor_parallel_size
     engine = serve.engine.model_copy(update={
         "device": kind if serve.engine.device in ("cpu", "auto") else serve.engine.device,
-        "num_threads": serve.engine.num_threads or (max(1, int(cluster.serving.cpus_per_replica))
+        # each tensor-parallel rank of the replica gets its share of the replica's CPUs
+        "num_threads": serve.engine.num_threads or (max(1, int(cluster.serving.cpus_per_replica) // tp)
                                                     if kind == "cpu" else None),
+        "tensor_parallel_size": tp,
     })
     return serve.model_copy(update={"engine": engine})
 
@@ -176,8 +179,8 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
     if cluster.pipeline_parallel_size > 1:
         raise ClusterError("pipeline_parallel_size > 1: the engine has no pipeline parallelism yet; set it to 1")
     if cluster.tensor_parallel_size > 1:
-        notes.append(f"each replica reserves {cluster.tensor_parallel_size} devices (tensor_parallel_size), but the "
-                     "engine runs on one device until tensor parallelism lands")
+        notes.append(f"each replica holds {cluster.tensor_parallel_size} devices of one node (Ray places an actor's "
+                     "resources together) and runs one tensor-parallel rank on each")
     if ray_runtime.parse_address(cluster).is_local and kind != "cpu":
         from mlc.deploy.cluster.resources import check_local_devices
 

@@ -1,0 +1,1 @@
+"""Tensor and expert parallelism over torch.distributed (gloo on CPU, nccl on CUDA, hccl on Ascend)."""

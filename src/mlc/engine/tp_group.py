@@ -1,0 +1,168 @@
+"""The driver's side of a tensor-parallel engine: it starts one worker process per extra rank, joins them in a
+torch.distributed group as rank 0, and sends every call that touches the model or the KV cache to all of them.
+
+Control and data travel apart. Commands (a step's inputs, a page copy, a LoRA adapter to attach) go to each
+worker over its own pipe, so an idle engine holds no collective open and never times out; the activations travel
+by torch.distributed collectives inside the model's forward. Every rank runs the same command on its shard, so they
+meet in the same collectives. A worker answers each command with "ok" or its error. A worker that dies, or answers
+differently from the driver, ends the engine with `EngineDeadError` (the server then answers 503 and exits).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hmac
+import json
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+
+from mlc.distributed.checks import backend_for, rank_device
+from mlc.distributed.state import reset_parallel_state, set_parallel_state
+from mlc.errors import EngineDeadError
+
+log = logging.getLogger("mlc.engine")
+COLLECTIVE_TIMEOUT_S = 300  # a step whose collectives wait this long has lost a rank
+START_TIMEOUT_S = 120  # for a worker to start its interpreter and call back
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TPGroup:
+    def __init__(self, size: int, expert_parallel: bool, device, engine_config: dict, threads: int):
+        import torch.distributed as dist
+
+        self.size, self.expert_parallel = size, expert_parallel
+        self.closed = False
+        self.pipes, self.procs = [], []
+        port = _free_port()
+        token = secrets.token_hex(16)
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(1.0)
+        try:
+            for rank in range(1, size):
+                # a fresh interpreter (not multiprocessing's spawn, which re-imports the user's __main__ script)
+                spec = {"rank": rank, "size": size, "port": port, "expert_parallel": expert_parallel,
+                        "engine": engine_config, "threads": threads, "control": server.getsockname()[1]}
+                self.procs.append(subprocess.Popen([sys.executable, "-m", "mlc.engine.tp_worker", json.dumps(spec)],
+                                                   env={**os.environ, "MLC_TP_TOKEN": token}))
+            self.pipes = [None] * (size - 1)
+            for _ in range(1, size):
+                conn = Connection(self._accept(server).detach())
+                rank, their_token = conn.recv()
+                if not hmac.compare_digest(their_token, token):
+                    raise EngineDeadError("a process that is not one of this engine's workers connected")
+                self.pipes[rank - 1] = conn
+        except (OSError, EOFError) as e:
+            self.shutdown()
+            raise EngineDeadError(f"the tensor-parallel workers did not start ({e})") from None
+        finally:
+            server.close()
+        backend = backend_for(device)
+        try:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=size,
+                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                                    **({"device_id": rank_device(device, 0)} if backend != "gloo" else {}))
+        except Exception as e:
+            self.shutdown()
+            raise EngineDeadError(f"the {size} tensor-parallel ranks could not connect ({e})") from None
+        set_parallel_state(0, size, expert_parallel)
+        log.info("tensor parallel: %d ranks over %s (%s)%s", size, backend, device.type,
+                 ", experts spread over the ranks" if expert_parallel else "")
+
+    def _accept(self, server: socket.socket) -> socket.socket:
+        """The next worker's control connection; a worker that exits first fails the start at once."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                return server.accept()[0]
+            except TimeoutError:
+                for rank, proc in enumerate(self.procs, start=1):
+                    if proc.poll() is not None:
+                        raise OSError(f"rank {rank} exited with code {proc.returncode} before it connected")
+        raise OSError(f"a worker did not connect within {START_TIMEOUT_S} s")
+
+    def send(self, method: str, *args) -> None:
+        """Start `method(*args)` on every worker (the driver then runs its own part, and `collect`s)."""
+        self._check_alive()
+        for pipe in self.pipes:
+            try:
+                pipe.send((method, args))
+            except (BrokenPipeError, OSError):
+                self._dead(f"could not reach a worker to run {method}")
+
+    def collect(self, method: str, driver_error: Exception | None) -> None:
+        """Each worker's answer to the last command; they must agree with the driver's own outcome."""
+        for rank, (pipe, proc) in enumerate(zip(self.pipes, self.procs), start=1):
+            while not pipe.poll(1.0):
+                if proc.poll() is not None:
+                    self._dead(f"rank {rank} exited (code {proc.returncode}) during {method}")
+            try:
+                status, detail = pipe.recv()
+            except (EOFError, OSError):
+                self._dead(f"rank {rank} exited (code {proc.returncode}) during {method}")
+            if (status == "ok") != (driver_error is None):
+                what = detail if status != "ok" else f"the driver failed alone ({driver_error})"
+                self._dead(f"rank {rank} and the driver disagree on {method}: {what}")
+
+    def run(self, method: str, local, *args):
+        """`method(*args)` on every rank: the workers' `Worker.<method>` and the driver's `local(*args)`."""
+        self.send(method, *args)
+        try:
+            result = local(*args)
+        except Exception as e:
+            if not self.all_alive():
+                self._dead(f"a rank exited during {method} ({e})")
+            self.collect(method, e)
+            raise
+        self.collect(method, None)
+        return result
+
+    def all_alive(self) -> bool:
+        return all(p.poll() is None for p in self.procs)
+
+    def _check_alive(self) -> None:
+        if self.closed:
+            raise EngineDeadError("the tensor-parallel group is shut down")
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                self._dead(f"rank {rank} exited (code {proc.returncode})")
+
+    def _dead(self, why: str):
+        self.shutdown()
+        raise EngineDeadError(f"tensor-parallel worker lost: {why}; the engine stops")
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the group (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for pipe in self.pipes:
+            try:
+                if pipe is not None:
+                    pipe.send(("stop", ()))
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a group with a dead rank may not tear down cleanly; the process state is reset
+                pass
+        reset_parallel_state()

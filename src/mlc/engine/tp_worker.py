@@ -1,0 +1,116 @@
+"""A tensor-parallel worker process: rank r of the group. It loads its shard of the model, allocates its shard of
+the KV cache, then runs the driver's commands (`mlc.engine.tp_group`) until told to stop or the driver is gone."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+
+
+def _die_with_parent() -> None:
+    """Exit when the driver process is gone (its pipe also closes, but a rank blocked in a collective would wait
+    for the collective timeout first)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mlc-tp-parent", daemon=True).start()
+
+
+class Worker:
+    """What rank r holds: its model shard, and its KV-cache shard once the driver has sized the cache."""
+
+    def __init__(self, config, device):
+        from mlc.models.loader import load_model
+
+        self.model = load_model(config.model, device, config.dtype, config.weight_dtype, verify=False)
+        self.runner = None
+
+    def init_cache(self, num_pages: int, page_size: int, kv_cache_dtype: str) -> None:
+        from mlc.engine.kv_cache import KVCache, kv_dtype
+        from mlc.engine.model_runner import ModelRunner
+
+        dtype = kv_dtype(kv_cache_dtype, self.model.dtype)
+        cache = KVCache(self.model.kv_cache_spec(), num_pages, page_size, dtype, self.model.device)
+        self.runner = ModelRunner(self.model, cache)
+
+    def execute(self, step) -> None:
+        self.runner.execute(step)
+
+    def apply_copies(self, copies) -> None:
+        self.runner.apply_copies(copies)
+
+    def move_slots(self, src, dst) -> None:
+        self.runner.move_slots(src, dst)
+
+    def attach_adapter(self, adapter_id: int, name: str, path: str) -> None:
+        self.runner.attach_adapter(adapter_id, name, path)
+
+
+def _connect(control_port: int, rank: int):
+    import socket
+    from multiprocessing.connection import Connection
+
+    conn = Connection(socket.create_connection(("127.0.0.1", control_port)).detach())
+    conn.send((rank, os.environ.get("MLC_TP_TOKEN", "")))
+    return conn
+
+
+def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict, threads: int,
+                control: int) -> None:
+    _die_with_parent()
+    pipe = _connect(control, rank)
+    logging.basicConfig(level=os.environ.get("MLC_LOG_LEVEL", "WARNING"), format=f"rank{rank} %(message)s")
+    import torch
+    import torch.distributed as dist
+
+    from mlc.config.device import resolve_device
+    from mlc.config.engine_config import EngineConfig
+    from mlc.distributed.checks import backend_for, rank_device
+    from mlc.engine.tp_group import COLLECTIVE_TIMEOUT_S
+    from mlc.distributed.state import set_parallel_state
+
+    torch.set_num_threads(threads)
+    config = EngineConfig(**engine)
+    device = rank_device(resolve_device(config.device), rank)
+    backend = backend_for(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                            **({"device_id": device} if backend != "gloo" else {}))
+    set_parallel_state(rank, size, expert_parallel)
+    worker = None
+    try:
+        worker = Worker(config, device)
+        pipe.send(("ok", None))
+    except Exception as e:
+        pipe.send(("error", f"{type(e).__name__}: {e}"))
+    while True:
+        try:
+            method, args = pipe.recv()
+        except (EOFError, OSError):
+            break  # the driver is gone
+        if method == "stop":
+            break
+        try:
+            getattr(worker, method)(*args)
+            pipe.send(("ok", None))
+        except Exception as e:
+            pipe.send(("error", f"{type(e).__name__}: {e}"))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    worker_main(**json.loads(sys.argv[1]))
