@@ -69,3 +69,21 @@ def test_model_parallel_refuses_what_it_cannot_split(work, tmp_path, capsys):  #
     with pytest.raises(ConfigError, match="one process per rank"):
         train(validate_train_config(config(work, "tp-inproc", tensor_parallel=2)), RunOptions(fresh=True,
                                                                                                progress=False))
+
+
+@pytest.mark.slow
+def test_two_copies_each_split_in_two_match_two_whole_copies(work):  # noqa: F811
+    """data_parallel 2 x model_parallel 2 (four processes, DDP inside each data-parallel group) follows data_parallel
+    2 alone step by step."""
+    runs = {}
+    for name, par in (("dp2", {"data_parallel": 2, "model_parallel": 1}),
+                      ("dp2tp2", {"data_parallel": 2, "model_parallel": 2})):
+        path = work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**config(work, name, **LORA, max_steps=4, save_every=4),
+                                        "parallel_config": par}))
+        finish(subprocess.Popen([sys.executable, "-m", "mlc.cli.main", "train", str(path), "--quiet"], env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        runs[name] = losses(work / name)
+    assert sorted(runs["dp2tp2"]) == [1, 2, 3, 4]
+    for step, loss in runs["dp2"].items():
+        assert abs(runs["dp2tp2"][step] - loss) < 1e-5, (step, loss, runs["dp2tp2"][step])
