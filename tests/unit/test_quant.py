@@ -25,10 +25,11 @@ from mlc.layers.quant_moe import QuantizedExperts
 from mlc.models.loader import load_model
 
 # relative error bounds vs the fp32 layer on N(0, 1) inputs, N(0, 0.05) weights (quant_linear's docstring)
-BOUNDS = {"int8-w8a16": 0.01, "int8-w8a8": 0.025, "int4-g32": 0.12, "int4-g64": 0.12, "fp16": 1e-3, "bf16": 0.01}
+BOUNDS = {"int8-w8a16": 0.01, "int8-w8a8": 0.025, "int8-w8a8i": 0.025, "int4-g32": 0.12, "int4-g64": 0.12, "fp16": 1e-3, "bf16": 0.01}
 LAYERS = {
     "int8-w8a16": lambda w, b, k: Int8Linear(w, b, scheme="w8a16", use_kernels=k),
     "int8-w8a8": lambda w, b, k: Int8Linear(w, b, scheme="w8a8", use_kernels=k),
+    "int8-w8a8i": lambda w, b, k: Int8Linear(w, b, scheme="w8a8i", use_kernels=k),
     "int4-g32": lambda w, b, k: Int4Linear(w, b, group_size=32, use_kernels=k),
     "int4-g64": lambda w, b, k: Int4Linear(w, b, group_size=64, use_kernels=k),
     "fp16": lambda w, b, k: HalfLinear(w, b, dtype=torch.float16, use_kernels=k),
@@ -36,7 +37,7 @@ LAYERS = {
 }
 
 KERNEL_PROBES = {
-    "int8-w8a16": qk.has_int8pack, "int8-w8a8": qk.has_fbgemm_int8, "int4-g32": qk.has_int4pack,
+    "int8-w8a16": qk.has_int8pack, "int8-w8a8": qk.has_fbgemm_int8, "int8-w8a8i": qk.has_int_mm, "int4-g32": qk.has_int4pack,
     "int4-g64": qk.has_int4pack, "fp16": qk.has_fbgemm_fp16, "bf16": lambda: True,
 }
 
@@ -91,6 +92,20 @@ def test_w8a8_scales_activations_per_token(weight):
         assert rel_err(y[row], F.linear(x[row], w)) < BOUNDS["int8-w8a8"]
 
 
+def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight):
+    """w8a8i (the default path's head): each row is quantized with its own scale and summed exactly in int32, so a
+    row gives bit-identical output alone and next to a huge-activation row."""
+    w, b = weight
+    layer = Int8Linear(w, b, scheme="w8a8i")
+    assert layer.kernel == ("int_mm-w8a8" if qk.has_int_mm() else "reference")
+    x = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
+    x[0] *= 500.0
+    together = layer(x)
+    for row in range(6):
+        assert torch.equal(layer(x[row : row + 1])[0], together[row])
+        assert rel_err(together[row], F.linear(x[row], w, b)) < BOUNDS["int8-w8a8i"]
+
+
 def test_int4_roundtrip_layout():
     q = torch.randint(0, 16, (16, 64), dtype=torch.int32)
     assert torch.equal(qk.unpack_int4(qk.pack_int4(q)), q.to(torch.uint8))
@@ -130,7 +145,7 @@ def test_merged_linear_split_survives():
 
 def test_missing_kernels_take_the_reference_path(weight, monkeypatch):
     """As on CUDA/NPU or a torch without these ops: same results through pure torch."""
-    for probe in ("has_fbgemm_int8", "has_int8pack", "has_int4pack", "has_fbgemm_fp16"):
+    for probe in ("has_fbgemm_int8", "has_int8pack", "has_int_mm", "has_int4pack", "has_fbgemm_fp16"):
         monkeypatch.setattr(qk, probe, lambda: False)
     w, b = weight
     x = torch.randn(2, 128)

@@ -33,13 +33,13 @@ class Variant:
 
 
 def parse_variant(label: str) -> Variant:
-    """fp32 | fp16 | bf16 | int8[-mixed|-w8a8|-w8a16] | int4[-gNN]."""
+    """fp32 | fp16 | bf16 | int8[-mixed|-w8a8|-w8a16|-w8a8i] | int4[-gNN]."""
     from mlc.layers.quant import INT8_SCHEMES, check_options
 
     dtype, _, option = label.partition("-")
     if dtype == "int8" and option:
         if option not in INT8_SCHEMES:
-            raise ConfigError(f"variant {label!r}: int8 takes -mixed, -w8a8 or -w8a16")
+            raise ConfigError(f"variant {label!r}: int8 takes -mixed, -w8a8, -w8a16 or -w8a8i")
         return Variant(label, dtype, int8_scheme=option)
     if dtype == "int4" and option:
         if not (option.startswith("g") and option[1:].isdigit()):
@@ -47,7 +47,7 @@ def parse_variant(label: str) -> Variant:
         check_options(dtype, int(option[1:]))
         return Variant(label, dtype, group_size=int(option[1:]))
     if option or dtype in ("auto",):
-        raise ConfigError(f"variant {label!r} is unknown; use fp32, fp16, bf16, int8[-w8a8|-w8a16], int4[-gNN]")
+        raise ConfigError(f"variant {label!r} is unknown; use fp32, fp16, bf16, int8[-w8a8|-w8a16|-w8a8i], int4[-gNN]")
     check_options(dtype)
     return Variant(label, dtype)
 

@@ -80,7 +80,8 @@ def register(bench_app: typer.Typer) -> None:
     def quant(
         model: common.ModelOpt = "smollm2-135m-instruct",
         variants: Annotated[str, typer.Option(
-            help="Comma-separated: fp32, fp16, bf16, int8 (mixed), int8-w8a8, int8-w8a16, int4 (g32), int4-g64.")
+            help="Comma-separated: fp32, fp16, bf16, int8 (mixed), int8-w8a8, int8-w8a16, int8-w8a8i (per-token "
+            "int8 activations, exact integer GEMM), int4 (g32), int4-g64.")
         ] = "fp32,fp16,bf16,int8,int8-w8a8,int8-w8a16,int4,int4-g64",
         decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=2)] = 64,
         repeats: Annotated[int, typer.Option(min=1, help="Decode runs per measure; the median is reported.")] = 3,

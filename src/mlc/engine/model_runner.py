@@ -127,7 +127,7 @@ def prepare_step(scheduled: list[ScheduledSeq]) -> StepInputs:
         step.positions += range(seq.num_cached, seq.num_cached + k)
         step.query_lens.append(k)
         step.context_lens.append(seq.num_cache_entries + k)
-        step.page_tables.append(list(seq.page_table))
+        step.page_tables.append(seq.page_table)  # read now (and pickled at once for other ranks), not kept
         if seq.adapter_id:
             step.adapter_rows.setdefault(seq.adapter_id, []).extend(range(row, row + k))
         if seq.params.prompt_logprobs:

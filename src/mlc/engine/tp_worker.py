@@ -74,8 +74,8 @@ def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: 
     from mlc.config.device import resolve_device
     from mlc.config.engine_config import EngineConfig
     from mlc.distributed.checks import backend_for, rank_device
-    from mlc.engine.tp_group import COLLECTIVE_TIMEOUT_S
     from mlc.distributed.state import set_parallel_state
+    from mlc.engine.tp_group import COLLECTIVE_TIMEOUT_S
 
     torch.set_num_threads(threads)
     config = EngineConfig(**engine)

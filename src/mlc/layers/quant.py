@@ -35,7 +35,7 @@ from mlc.layers.quant_moe import QuantizedExperts
 log = logging.getLogger("mlc.quant")
 
 WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "int8", "int4")
-INT8_SCHEMES = ("mixed", "w8a8", "w8a16")
+INT8_SCHEMES = ("mixed", "w8a8", "w8a16", "w8a8i")
 # inputs with outlier channels (20x the median channel on SmolLM2): the attention input projection after the input
 # norm, and the MLP down projection after SwiGLU; W8A8 there costs +4% perplexity, W8A16 +0.1%
 _OUTLIER_INPUTS = ("qkv_proj", "q_proj", "k_proj", "v_proj", "down_proj")
@@ -64,7 +64,8 @@ def check_options(weight_dtype: str, group_size: int = 32, int8_scheme: str = "w
     if group_size not in INT4_GROUP_SIZES:
         raise ConfigError(f"int4 group size {group_size} is not supported; use one of {INT4_GROUP_SIZES}")
     if int8_scheme not in INT8_SCHEMES:
-        raise ConfigError(f"int8 scheme {int8_scheme!r} is unknown; use mixed, w8a8 (dynamic activations) or w8a16")
+        raise ConfigError(f"int8 scheme {int8_scheme!r} is unknown; use mixed, w8a8 (dynamic activations), w8a16 or "
+                          "w8a8i (per-token int8 activations, integer GEMM)")
 
 
 def int8_scheme_for(name: str, int8_scheme: str) -> str:

@@ -95,6 +95,19 @@ def has_int8pack() -> bool:
 
 
 @functools.cache
+def has_int_mm() -> bool:
+    """aten._int_mm: int8 x int8 -> int32 GEMM (W8A8 with exact integer accumulation)."""
+    return _works(lambda: torch._int_mm(torch.ones(1, 16, dtype=torch.int8), torch.ones(16, 16, dtype=torch.int8)))
+
+
+def int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of `x` as int8 codes with one fp32 scale each (`[M, 1]`): symmetric, round to nearest."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+    return (xf / scale).round_().clamp_(-127, 127).to(torch.int8), scale
+
+
+@functools.cache
 def has_int4pack() -> bool:
     """aten._weight_int4pack_mm_for_cpu: group-wise int4 weights, bf16 activations (W4A16)."""
     return _works(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
