@@ -111,6 +111,11 @@ def train_cmd(
     if cluster_config is not None:
         from mlc.cli.deploy import train_on_cluster_cmd
 
+        if cfg.tensor_parallel > 1:
+            raise ConfigError(f"tensor_parallel {cfg.tensor_parallel} (model_parallel) is not run on a Ray cluster yet: "
+                              "Ray Train workers each hold a whole model. Set it to 1 there, or run `mlc-cli train` "
+                              "on one node, which starts the split processes itself")
+
         return train_on_cluster_cmd(cluster_config, config, args, cfg, resume, fresh)
     nproc = (nproc or cfg.nproc) * cfg.tensor_parallel  # data-parallel copies x the ranks of each copy
     if cfg.tensor_parallel > 1 and not launched_by_torchrun():  # a model that cannot be split: say so before
