@@ -87,6 +87,13 @@ def check_parity(model_dir: Path, reference: list[list[float]] | None = None, **
         assert_close(prompt2, reference)
 
 
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """The tiny llama's tokenizer for a checkpoint saved without one (the engine needs one to start)."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dst / name)
+
+
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return tmp_path_factory.mktemp("tp")
@@ -131,9 +138,7 @@ def test_llama_with_one_kv_head_replicated(root, llama_dir):
         for p in model.parameters():
             p.normal_(0.0, 0.2)
     model.save_pretrained(str(path))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (llama_dir / name).is_file():
-            shutil.copy(llama_dir / name, path / name)
+    copy_tokenizer(llama_dir, path)
     check_parity(path, hf_prompt_logprobs(path))
 
 
@@ -144,9 +149,7 @@ def test_glm_moe_dsa(root, llama_dir):
 
     path = root / "glm5"
     build_pair(path, vocab_size=384)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (llama_dir / name).is_file():
-            shutil.copy(llama_dir / name, path / name)
+    copy_tokenizer(llama_dir, path)
     check_parity(path, hf_prompt_logprobs(path), enable_expert_parallel=True)
 
 

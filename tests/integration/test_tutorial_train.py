@@ -17,26 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_llama import build_tiny_llama  # noqa: E402
+from tutorial_text import GLM5_7B_LORA_YAML  # noqa: E402
 
-LORA_YAML = """\
-optimizer:
-  type: AdamWeightDecay
-  learning_rate: 2e-4  # LoRA微调的黄金学习率
-  eps: 1e-6
-  beta1: 0.9
-  beta2: 0.999
-
-parallel_config:
-  data_parallel: 2
-  model_parallel: 1
-  pipeline_stage: 1
-
-lora_config:
-  lora_r: 64
-  lora_alpha: 64
-  lora_dropout: 0.1
-  target_modules: ["query", "value"]  # 只微调Q/V，省显存
-"""
+LORA_YAML = GLM5_7B_LORA_YAML.replace("model_parallel: 2", "model_parallel: 1")  # two processes, not four
 ROW = {"instruction": "用户说'订单没收到'，应如何回复？", "output": "您好，已为您查询订单状态..."}
 
 

@@ -12,20 +12,10 @@ from mlc.config.lint import lint
 from mlc.config.loader import detect_kind, load_any, load_config, parse_set_options
 from mlc.config.serve_config import ServeConfig
 from mlc.errors import ConfigError
+from tutorial_text import GLM5_INFER_YAML
 
-# The reference tutorial's config/glm5_infer.yaml keys, as it writes them (section 2.3 and 3.2).
-TUTORIAL_YAML = """\
-attn_implementation: "flash"
-use_paged_attn: True
-kv_cache_dtype: "fp16"
-attn_config:
-  paged_attn: true
-  page_size: 16
-  sparse_kv_ratio: 0.25  # 保留25%的KV
-max_batch_size: 8
-max_seq_len: 16384
-port: 8080
-"""
+# The reference tutorial's config/glm5_infer.yaml keys, as it writes them (section 2.3 and 3.2), and a few more.
+TUTORIAL_YAML = GLM5_INFER_YAML + "max_batch_size: 8\nmax_seq_len: 16384\nport: 8080\n"
 
 
 def write(tmp_path, text: str, name: str = "c.yaml"):

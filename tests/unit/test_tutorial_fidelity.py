@@ -22,6 +22,7 @@ import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_llama import build_tokenizer  # noqa: E402
+from tutorial_text import GLM5_7B_LORA_YAML, GLM5_INFER_YAML  # noqa: E402
 
 from mlc.cli.compat import translate_argv  # noqa: E402
 from mlc.cli.main import _register_all, app, main  # noqa: E402
@@ -34,16 +35,7 @@ from mlc.models.store import resolve_model_dir  # noqa: E402
 
 # 1: "改用魔乐社区提供的 --paged-attn --kv-cache-dtype fp16 参数组合"
 SECTION_1_FLAGS = "--paged-attn --kv-cache-dtype fp16"
-# 2.3 (config/glm5_infer.yaml) and 3.2 (attn_config)
-GLM5_INFER_YAML = """\
-attn_implementation: "flash"
-use_paged_attn: True
-kv_cache_dtype: "fp16"
-attn_config:
-  paged_attn: true
-  page_size: 16
-  sparse_kv_ratio: 0.25  # 保留25%的KV
-"""
+# 2.3 (config/glm5_infer.yaml), 3.2 (attn_config) and 4.3 (glm5_7b_lora.yaml): tests/tutorial_text.py
 # 3.4: lora_config.yaml
 LORA_CONFIG_YAML = """\
 lora_r: 64      # 必须16的倍数
@@ -75,25 +67,6 @@ RUN_MINDFORMER = """python run_mindformer.py \\
   --data_url=/workspace/data/qa_processed.bin \\
   --ckpt_url=/workspace/models/glm5-7b.ckpt \\
   --output_dir=/workspace/output/lora_finetune"""
-GLM5_7B_LORA_YAML = """\
-optimizer:
-  type: AdamWeightDecay
-  learning_rate: 2e-4  # LoRA微调的黄金学习率
-  eps: 1e-6
-  beta1: 0.9
-  beta2: 0.999
-
-parallel_config:
-  data_parallel: 2
-  model_parallel: 2  # 4卡=2×2，平衡通信与计算
-  pipeline_stage: 1
-
-lora_config:
-  lora_r: 64
-  lora_alpha: 64
-  lora_dropout: 0.1
-  target_modules: ["query", "value"]  # 只微调Q/V，省显存
-"""
 # 4.4: memory variables and KV compression ("mindie启动时加")
 ASCEND_ENV = {"ASCEND_ALLOC_MEM": "1", "ASCEND_MAX_MEM": "28000"}
 KV_COMPRESSION = "--kv_cache_compression_ratio=0.5"

@@ -29,13 +29,25 @@ def devices_available(device: torch.device) -> int:
     return os.cpu_count() or 1  # on a CPU each rank needs a core of its own to gain anything
 
 
-def _sizes(cfg) -> list[tuple[str, int]]:
-    """(what, count) that every rank must hold an equal share of."""
-    out = [("vocabulary size", cfg.vocab_size), ("number of attention heads", cfg.num_attention_heads)]
-    inter = getattr(cfg, "intermediate_size", None)
-    if inter:
-        out.append(("MLP intermediate size", inter))
-    return out
+def _unsplittable(cfg, size: int, expert_parallel: bool) -> list[tuple[str, int]]:
+    """(what, count) of every dimension tensor parallelism splits that `size` ranks cannot share evenly."""
+    bad = [(what, n) for what, n in (("vocabulary size", cfg.vocab_size),
+                                     ("number of attention heads", cfg.num_attention_heads),
+                                     ("MLP intermediate size", getattr(cfg, "intermediate_size", None) or 0))
+           if n % size]
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if getattr(cfg, "kv_lora_rank", None) is None and (kv % size if kv >= size else size % kv):
+        bad.append(("number of KV heads", kv))  # fewer KV heads than ranks: each rank's queries need one whole
+    experts = getattr(cfg, "n_routed_experts", None)
+    if experts:
+        shared = cfg.moe_intermediate_size * (getattr(cfg, "n_shared_experts", 0) or 0)
+        if expert_parallel and experts % size:
+            bad.append(("number of routed experts", experts))
+        if expert_parallel and shared % size:
+            bad.append(("shared experts' intermediate size", shared))
+        if not expert_parallel and cfg.moe_intermediate_size % size:
+            bad.append(("MoE intermediate size (or add --enable-expert-parallel)", cfg.moe_intermediate_size))
+    return bad
 
 
 def check_tensor_parallel(cfg, size: int, expert_parallel: bool, device: str) -> None:
@@ -60,22 +72,10 @@ def check_shardable(cfg, size: int, expert_parallel: bool, most: int = 16) -> No
                           "experts (drop the flag)")
     if size == 1:
         return
-    bad = [(what, n) for what, n in _sizes(cfg) if n % size]
-    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    if getattr(cfg, "kv_lora_rank", None) is None and (kv % size if kv >= size else size % kv):
-        bad.append(("number of KV heads", kv))
-    experts = getattr(cfg, "n_routed_experts", None)
-    if experts:
-        if expert_parallel and experts % size:
-            bad.append(("number of routed experts", experts))
-        if not expert_parallel and cfg.moe_intermediate_size % size:
-            bad.append(("MoE intermediate size (or add --enable-expert-parallel)", cfg.moe_intermediate_size))
-        shared = cfg.moe_intermediate_size * (getattr(cfg, "n_shared_experts", 0) or 0)
-        if expert_parallel and shared % size:
-            bad.append(("shared experts' intermediate size", shared))
+    bad = _unsplittable(cfg, size, expert_parallel)
     if bad:
         shown = ", ".join(f"{what} {n}" for what, n in bad)
-        ok = [1] + [n for n in range(2, most + 1) if all(_fits(cfg, n, expert_parallel))]
+        ok = [1] + [n for n in range(2, most + 1) if not _unsplittable(cfg, n, expert_parallel)]
         raise ConfigError(f"tensor parallel size {size} does not divide this model's {shown}; sizes that fit "
                           f"this model (up to {most}): {', '.join(map(str, ok))}")
 
@@ -83,14 +83,4 @@ def check_shardable(cfg, size: int, expert_parallel: bool, most: int = 16) -> No
 def fits_tensor_parallel(cfg, size: int) -> bool:
     """Whether the engine can shard `cfg` over `size` ranks (with experts split, or spread for a MoE model)."""
     modes = (False, True) if getattr(cfg, "n_routed_experts", None) else (False,)
-    return any(all(_fits(cfg, size, ep)) for ep in modes)
-
-
-def _fits(cfg, size: int, expert_parallel: bool):
-    yield all(n % size == 0 for _, n in _sizes(cfg))
-    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    yield getattr(cfg, "kv_lora_rank", None) is not None or (kv % size == 0 if kv >= size else size % kv == 0)
-    experts = getattr(cfg, "n_routed_experts", None)
-    if experts:
-        shared = cfg.moe_intermediate_size * (getattr(cfg, "n_shared_experts", 0) or 0)
-        yield (experts % size == 0 and shared % size == 0) if expert_parallel else cfg.moe_intermediate_size % size == 0
+    return any(not _unsplittable(cfg, size, ep) for ep in modes)

@@ -47,26 +47,26 @@ def _vllm(body: StructuredFields) -> list[tuple[GrammarSpec, str]]:
         if len(given) > 1:
             names = ", ".join(k.rstrip("_") for k in given)
             raise InvalidRequestError(f"structured_outputs gives {names}; give exactly one", field="structured_outputs")
-        if so.json_ is not None:
-            found.append((GrammarSpec.json_schema(_schema(so.json_, "structured_outputs.json"), False),
-                          "structured_outputs.json"))
-        elif so.regex is not None:
-            found.append((GrammarSpec("regex", so.regex), "structured_outputs.regex"))
-        elif so.choice is not None:
-            found.append((GrammarSpec.choice(so.choice), "structured_outputs.choice"))
-        elif so.grammar is not None:
-            found.append((GrammarSpec("grammar", so.grammar), "structured_outputs.grammar"))
-        elif so.json_object:
-            found.append((GrammarSpec("json_object"), "structured_outputs.json_object"))
-    if body.guided_json is not None:
-        found.append((GrammarSpec.json_schema(_schema(body.guided_json, "guided_json"), False), "guided_json"))
-    if body.guided_regex is not None:
-        found.append((GrammarSpec("regex", body.guided_regex), "guided_regex"))
-    if body.guided_choice is not None:
-        found.append((GrammarSpec.choice(body.guided_choice), "guided_choice"))
-    if body.guided_grammar is not None:
-        found.append((GrammarSpec("grammar", body.guided_grammar), "guided_grammar"))
+        if given:
+            kind = given[0].rstrip("_")
+            found.append((_spec(kind, getattr(so, given[0]), f"structured_outputs.{kind}"),
+                          f"structured_outputs.{kind}"))
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = getattr(body, f"guided_{kind}")
+        if value is not None:
+            found.append((_spec(kind, value, f"guided_{kind}"), f"guided_{kind}"))
     return found
+
+
+def _spec(kind: str, value, field: str) -> GrammarSpec:
+    """The grammar for one structured-output field: json (a schema), choice, json_object, regex or grammar."""
+    if kind == "json":
+        return GrammarSpec.json_schema(_schema(value, field), False)
+    if kind == "choice":
+        return GrammarSpec.choice(value)
+    if kind == "json_object":
+        return GrammarSpec("json_object")
+    return GrammarSpec(kind, value)
 
 
 def requested_spec(body: StructuredFields, forced_tools: GrammarSpec | None = None) -> tuple[GrammarSpec, str] | None:
