@@ -271,6 +271,7 @@ def test_training_view_live_with_train_ui_then_two_runs_compared_on_the_server(s
     from mlc.train.checkpoint import list_checkpoints
 
     build_tiny_llama(tmp_path / "model")
+    steps = 400  # run A: long enough (about 5 s here) that the --ui page sees it move between its 2 s polls
     rows = [{"instruction": f"Where is order {i}?", "output": f"Order {i} ships on day {i % 5}. Thank you!"}
             for i in range(40)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
@@ -278,7 +279,7 @@ def test_training_view_live_with_train_ui_then_two_runs_compared_on_the_server(s
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     port = free_port()
     train = [sys.executable, "-m", "mlc.cli.main", "train", "--quiet", "--config"]
-    a = subprocess.Popen([*train, str(train_config(tmp_path, "lr-1e-2", 1e-2, 80)), "--ui", "--ui-port", str(port),
+    a = subprocess.Popen([*train, str(train_config(tmp_path, "lr-1e-2", 1e-2, steps)), "--ui", "--ui-port", str(port),
                           "--inject-nonfinite-steps", "30"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
     b = subprocess.Popen([*train, str(train_config(tmp_path, "lr-3e-3", 3e-3, 40))], env=env,
@@ -287,10 +288,12 @@ def test_training_view_live_with_train_ui_then_two_runs_compared_on_the_server(s
         ui = f"http://127.0.0.1:{port}/"
         assert wait_for(lambda: answers(ui + "api/train/ui"), timeout=60), "the --ui page never answered"
         page = open_page(browser, ui, key=False)  # redirected to /train?run=<this run>
-        wait_js(page, "/^[1-9]\\d* \\/ 80$/.test(document.getElementById('tile-step').textContent)", 90)
+        wait_js(page, f"/^[1-9]\\d* \\/ {steps}$/.test(document.getElementById('tile-step').textContent)", 90)
         first = int(page.inner_text("#tile-step").split()[0])
-        if first < 80:  # still running: the page follows it live (a fast machine may have finished already)
-            wait_js(page, f"Number(document.getElementById('tile-step').textContent.split(' ')[0]) > {first}", 60)
+        if first < steps:  # still running: the page follows it live, unless the run ends (and its --ui server
+            # with it, as no terminal is attached) before the page's next poll, as only a very fast machine does
+            later = f"Number(document.getElementById('tile-step').textContent.split(' ')[0]) > {first}"
+            wait_js(page, later, 60, give_up=lambda: a.poll() is not None)
         assert page.inner_text("#tile-status") in ("running", "finished")
         assert page.locator("#nav a").all_inner_texts() == ["Training"]
         shot(page, shots, "train-ui-live")
@@ -304,13 +307,13 @@ def test_training_view_live_with_train_ui_then_two_runs_compared_on_the_server(s
     run_a, run_b = tmp_path / "lr-1e-2", tmp_path / "lr-3e-3"
     page = open_page(browser, f"{server.url}/train?run={run_a}&compare={run_b}")
     wait_js(page, "document.getElementById('tile-status').textContent === 'finished'", 30)
-    assert page.inner_text("#tile-step") == "80 / 80" and page.inner_text("#tile-skipped") == "1"
+    assert page.inner_text("#tile-step") == f"{steps} / {steps}" and page.inner_text("#tile-skipped") == "1"
     assert page.inner_text("#tile-eta") == "done" and page.inner_text("#tile-loss-sub").startswith("eval ")
     table = page.locator("#compare-table tr").all_inner_texts()
-    assert "lr-1e-2 (A)" in table[0] and "lr-3e-3 (B)" in table[0] and "80 / 80\t40 / 40" in table[2]
+    assert "lr-1e-2 (A)" in table[0] and "lr-3e-3 (B)" in table[0] and f"{steps} / {steps}\t40 / 40" in table[2]
     rows = page.locator("#checkpoints tbody tr").count()
     assert rows == len(list_checkpoints(run_a)) + len(list_checkpoints(run_b)) >= 3
-    assert "80 logged steps" in page.get_attribute("#chart-loss", "aria-label")
+    assert f"{steps} logged steps" in page.get_attribute("#chart-loss", "aria-label")
     inked = page.evaluate("""() => { const c = document.getElementById('chart-loss');
         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;
         for (let i = 0; i < d.length; i += 4) if (d[i + 2] > 150 && d[i] < 120 && d[i + 3] > 200) n++; return n; }""")

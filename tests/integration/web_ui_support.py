@@ -25,12 +25,15 @@ def shot(page, shots: Path, name: str) -> Path:
     return path
 
 
-def wait_js(page, expression: str, timeout: float = 60.0):
+def wait_js(page, expression: str, timeout: float = 60.0, give_up=None):
     """Poll `expression` in the page until truthy (Playwright's wait_for_function evaluates strings, which the
-    pages' Content-Security-Policy forbids, as it should)."""
+    pages' Content-Security-Policy forbids, as it should). `give_up()` true ends the wait early with None: the
+    page can no longer change (its server exited)."""
     deadline = time.monotonic() + timeout
     while True:
         value = page.evaluate(expression)
+        if not value and give_up is not None and give_up():
+            return None
         if value or time.monotonic() > deadline:
             assert value, f"timed out after {timeout}s waiting for {expression}"
             return value
