@@ -1,5 +1,5 @@
 """The path a user gets with no flags: the default model's Q4_1 GGUF runs as int4 (8-bit head) and a request's
-greedy output does not depend on what else is in its batch."""
+greedy output and its logprobs do not depend on what else is in its batch."""
 
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ def test_the_gguf_bit_width_is_kept_and_said(llm):
     engine = llm.engine
     assert engine.weights.startswith("int4, head int8 (default: the GGUF stores its matrices as Q4_1")
     kernels = engine.model.quant_report.kernels
-    assert "fbgemm-w8a8" not in kernels  # its activation scale is shared by the batch: never on the default path
+    assert engine.model.lm_head.kernel == "fbgemm-w8a8" and "int4pack-w4a16" in kernels
     assert engine.max_batch_size == min(256, (engine.cache_plan.num_pages - 1) // (512 // 16))
 
 
 def test_a_request_alone_equals_it_among_others(llm):
-    greedy = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True)
+    """Bit for bit, logprobs included: decode attention pads every sequence's keys to the same quantum whatever its
+    neighbours' lengths, the int4 kernel's rows are independent, and the 8-bit head quantizes each token alone."""
+    greedy = SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, logprobs=0)
     prompts = ["The sea is", "Tell me about cats.", "1 2 3 4", "Write a poem about the moon and the stars.", "Hi"]
-    alone = [llm.generate(p, greedy)[0].outputs[0].token_ids for p in prompts]
-    together = [o.outputs[0].token_ids for o in llm.generate(prompts * 3, greedy)]
+
+    def seen(out):
+        return [(lp.token_id, lp.logprob) for lp in out.outputs[0].logprobs]
+
+    alone = [seen(llm.generate(p, greedy)[0]) for p in prompts]
+    together = [seen(o) for o in llm.generate(prompts * 3, greedy)]
     assert together == alone * 3

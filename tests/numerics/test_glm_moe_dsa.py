@@ -9,6 +9,7 @@ from hf_reference import (
     Pair, assert_close, check_dense, hf_logits, mtp_layer_tensors, prompt, read_checkpoint, reference_model,
     to_fused_experts, write_checkpoint,
 )
+from mlc.layers.attention import KEY_QUANTUM
 from mlc.engine.kv_cache import KVCache
 from mlc.errors import ModelFormatError
 from mlc.layers.moe import SparseMoeBlock
@@ -169,8 +170,9 @@ def test_decode_gathers_only_the_selected_latent_slots(pair, monkeypatch):
 
         monkeypatch.setattr(layer["latent"], "gather", spy)
     runner.step({0: seqs[0][-1:], 1: seqs[1][-1:]})
-    # contexts 3 and 12 decode in separate length groups; each gathers at most index_topk (4) latent slots
-    assert sorted(gathered) == sorted([(1, 3), (1, 4)] * 3)
+    # contexts 3 and 12 decode in separate length groups: 12 gathers only its index_topk (4) selected latent slots;
+    # 3 is within index_topk, so it attends its whole context, padded to KEY_QUANTUM like every decode group
+    assert sorted(gathered) == sorted([(1, KEY_QUANTUM), (1, 4)] * 3)
 
 
 def test_bf16_keeps_indexer_head_weights_fp32(pair):

@@ -92,18 +92,24 @@ def test_w8a8_scales_activations_per_token(weight):
         assert rel_err(y[row], F.linear(x[row], w)) < BOUNDS["int8-w8a8"]
 
 
-def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight):
-    """w8a8i (the default path's head): each row is quantized with its own scale and summed exactly in int32, so a
-    row gives bit-identical output alone and next to a huge-activation row."""
+@pytest.mark.parametrize("scheme,kernel,available", [("w8a8", "fbgemm-w8a8", qk.has_fbgemm_int8),
+                                                     ("w8a8i", "int_mm-w8a8", qk.has_int_mm)])
+def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight, scheme, kernel, available):
+    """w8a8 (the default path's head) and w8a8i: each row is quantized with its own scale (fbgemm's range pinned to
+    [-1, 1]) and summed exactly in int32, so a row gives bit-identical output alone and next to a huge-activation
+    row, whatever the sign of each row's largest value."""
     w, b = weight
-    layer = Int8Linear(w, b, scheme="w8a8i")
-    assert layer.kernel == ("int_mm-w8a8" if qk.has_int_mm() else "reference")
+    layer = Int8Linear(w, b, scheme=scheme)
+    assert layer.kernel == (kernel if available() else "reference")
     x = torch.randn(6, 128, generator=torch.Generator().manual_seed(4))
     x[0] *= 500.0
+    x[1] = x[1].abs()  # its range is [0, max]: fbgemm alone would quantize it on a different grid
     together = layer(x)
     for row in range(6):
         assert torch.equal(layer(x[row : row + 1])[0], together[row])
-        assert rel_err(together[row], F.linear(x[row], w, b)) < BOUNDS["int8-w8a8i"]
+        assert torch.equal(layer(x[[row, 0]])[0], together[row])
+        assert rel_err(together[row], F.linear(x[row], w, b)) < BOUNDS[f"int8-{scheme}"]
+    assert torch.allclose(layer.dequantized(), w, atol=w.abs().max().item() / 100)  # the pinning columns are not in it
 
 
 def test_int4_roundtrip_layout():

@@ -220,7 +220,8 @@ def masked_decode(model, cache, seq, token: int, visible: torch.Tensor) -> torch
     ctx = seq.num_cache_entries + 1
     meta = build_attention_metadata([1], [ctx], [seq.page_table], PS)
     group = meta.groups[0]
-    group.mask = group.mask & torch.cat((visible, torch.ones(ctx - len(visible), dtype=torch.bool)))
+    width = group.mask.shape[-1]  # the context padded to KEY_QUANTUM (the padding is masked already)
+    group.mask = group.mask & torch.cat((visible, torch.ones(width - len(visible), dtype=torch.bool)))
     hidden = model(torch.tensor([token]), torch.tensor([seq.num_cached]), meta, cache.layers)
     return model.compute_logits(hidden)
 

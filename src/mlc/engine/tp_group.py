@@ -94,11 +94,15 @@ class TPGroup:
     def send(self, method: str, *args) -> None:
         """Start `method(*args)` on every worker (the driver then runs its own part, and `collect`s)."""
         self._check_alive()
-        for pipe in self.pipes:
+        for rank, (pipe, proc) in enumerate(zip(self.pipes, self.procs), start=1):
             try:
                 pipe.send((method, args))
             except (BrokenPipeError, OSError):
-                self._dead(f"could not reach a worker to run {method}")
+                try:  # a killed worker's pipe can break a moment before the process is seen to exit
+                    code = proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    self._dead(f"rank {rank} could not be reached to run {method}")
+                self._dead(f"rank {rank} exited (code {code}) before {method}")
 
     def collect(self, method: str, driver_error: Exception | None) -> None:
         """Each worker's answer to the last command; they must agree with the driver's own outcome."""

@@ -22,6 +22,11 @@ import torch.nn.functional as F
 
 from mlc.layers.kv_store import LayerCache
 
+# Decode groups attend over a key length padded to a multiple of this, whatever their batch: SDPA's vectorized
+# softmax then sums the same lanes in the same order for a sequence alone or beside longer ones (padding adds
+# exact zeros), so a request's output does not depend on its batch (bf16 on the CPU, tested bit for bit).
+KEY_QUANTUM = 32
+
 
 class GroupKind(str, enum.Enum):
     """How a group of sequences attends this step (see the module docstring)."""
@@ -40,6 +45,7 @@ class AttentionGroup:
     seq_ids: list[int]  # indices into the step's sequences
     gather_slots: torch.Tensor | None = None  # [G, L] cache slots of each sequence's context
     mask: torch.Tensor | None = None  # [G, 1, query_len, L] bool, True = may attend
+    keys: int = 0  # the longest context of the group (L, before a decode group's padding to KEY_QUANTUM)
 
 
 @dataclass
@@ -93,7 +99,7 @@ def build_attention_metadata(
     decode: list[int] = []
     for i, (q, c) in enumerate(zip(query_lens, context_lens)):
         if q == c:
-            meta.groups.append(AttentionGroup(GroupKind.FRESH, slice(starts[i], starts[i] + q), 1, q, [i]))
+            meta.groups.append(AttentionGroup(GroupKind.FRESH, slice(starts[i], starts[i] + q), 1, q, [i], keys=q))
         elif tables is None:
             raise ValueError("the dense path (no cache) needs every sequence to be fresh (context_len == query_len)")
         elif q == 1:
@@ -103,7 +109,8 @@ def build_attention_metadata(
             key_idx = torch.arange(c, device=device)
             query_idx = torch.arange(c - q, c, device=device)
             mask = (key_idx[None, :] <= query_idx[:, None])[None, None]
-            meta.groups.append(AttentionGroup(GroupKind.CHUNK, slice(starts[i], starts[i] + q), 1, q, [i], slots, mask))
+            meta.groups.append(AttentionGroup(GroupKind.CHUNK, slice(starts[i], starts[i] + q), 1, q, [i], slots, mask,
+                                              keys=c))
     for bucket in _length_buckets(decode, context_lens):
         meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device))
     return meta
@@ -125,16 +132,20 @@ def _length_buckets(ids: list[int], context_lens: list[int], spread: float = 2.0
 
 def _decode_group(ids, starts, context_lens, tables, page_size, device) -> AttentionGroup:
     ctx = torch.tensor([context_lens[i] for i in ids], device=device)
-    longest = int(ctx.max())
-    pages = tables[ids][:, : (longest + page_size - 1) // page_size]
-    slots = (pages[:, :, None] * page_size + torch.arange(page_size, device=device)).flatten(1)[:, :longest]
-    valid = torch.arange(longest, device=device)[None, :] < ctx[:, None]
+    longest = max(context_lens[i] for i in ids)
+    padded = -(-longest // KEY_QUANTUM) * KEY_QUANTUM
+    num_pages = -(-padded // page_size)
+    pages = tables[ids][:, :num_pages]
+    if pages.shape[1] < num_pages:  # the padding reaches past every page table: null pages
+        pages = F.pad(pages, (0, num_pages - pages.shape[1]))
+    slots = (pages[:, :, None] * page_size + torch.arange(page_size, device=device)).flatten(1)[:, :padded]
+    valid = torch.arange(padded, device=device)[None, :] < ctx[:, None]
     slots = slots.masked_fill(~valid, 0)  # padding reads slot 0 (the reserved null page), never unwritten memory
     mask = valid[:, None, None, :]
     rows = [starts[i] for i in ids]
     contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
     tokens = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
-    return AttentionGroup(GroupKind.DECODE, tokens, len(ids), 1, list(ids), slots, mask)
+    return AttentionGroup(GroupKind.DECODE, tokens, len(ids), 1, list(ids), slots, mask, keys=longest)
 
 
 def gather_context(g: AttentionGroup, store, fresh: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -67,13 +67,13 @@ class DsaIndexer(nn.Module):
         if cache is not None and meta.slot_mapping is not None:
             cache["index_k"].write(meta.slot_mapping, k)
         masks = [group_mask(g, x.device) for g in meta.groups]
-        if all(m.shape[-1] <= self.topk for m in masks):
+        if all(g.keys <= self.topk for g in meta.groups):
             return [None] * len(masks)
         q = self._rope_first(self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim), cos, sin)
         w = F.linear(x.float(), self.weights_proj.weight.float()) * self.n_heads**-0.5
         selection: Selection = []
         for g, mask in zip(meta.groups, masks):
-            if mask.shape[-1] <= self.topk:
+            if g.keys <= self.topk:
                 selection.append(None)
                 continue
             kg = gather_context(g, cache["index_k"] if cache is not None else None, k, k.dtype)

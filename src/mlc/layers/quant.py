@@ -87,9 +87,11 @@ def layer_factory(weight_dtype: str, name: str = "", group_size: int = 32, int8_
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int = 32, int8_scheme: str = "mixed",
-                   use_kernels: bool = True, quantize_experts: bool = True, head_dtype: str | None = None) -> QuantReport:
+                   use_kernels: bool = True, quantize_experts: bool = True, head_dtype: str | None = None,
+                   head_int8_scheme: str | None = None) -> QuantReport:
     """Replace `model`'s Linear layers in place. `use_kernels=False` forces the pure-torch reference path.
-    `head_dtype` quantizes the lm_head differently (a Q4 GGUF keeps its head in Q8_0, and so do we)."""
+    `head_dtype` quantizes the lm_head differently (a Q4 GGUF keeps its head in Q8_0, and so do we), and
+    `head_int8_scheme` gives an int8 head its own scheme."""
     check_options(weight_dtype, group_size, int8_scheme)
     compute = model.dtype
     target = _FLOATS.get(weight_dtype)
@@ -102,7 +104,7 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
         # W8A8's per-token activation scale would see only a rank's part of a row-parallel layer's input: tensor
         # parallel int8 runs W8A16 everywhere, so a request's tokens do not depend on the tensor-parallel size
         log.info("tensor-parallel int8 runs W8A16 in every layer (not %s)", int8_scheme)
-        int8_scheme = "w8a16"
+        int8_scheme = head_int8_scheme = "w8a16"
     q = _Quantizer(weight_dtype, group_size, int8_scheme, use_kernels)
     kinds = (Linear, RoutedExperts) if quantize_experts else (Linear,)
     head = getattr(model, "lm_head", None)
@@ -114,6 +116,9 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
         if head_dtype and head_dtype != weight_dtype:
             check_options(head_dtype, group_size, int8_scheme)
             q.weight_dtype = head_dtype
+        if head_int8_scheme:
+            check_options(q.weight_dtype, group_size, head_int8_scheme)
+            q.int8_scheme = head_int8_scheme
         model.lm_head = q.linear("lm_head", head)  # a tied embedding stays where it is, under model.embed_tokens
     del head
     gc.collect()

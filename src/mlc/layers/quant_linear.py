@@ -69,13 +69,12 @@ class Int8Linear(QuantizedLinear):
     """int8 weights, one symmetric scale per output row. `scheme` says what meets them on the CPU:
 
     w8a8: fbgemm's dynamic linear quantizes the activations to uint8 per token, int32 accumulation. The fastest
-    path here (quantize_model's "mixed" uses it except where inputs carry outlier channels).
+    path here (2.5-5x int8pack on a 49,152-row head at batch 1-32), and a row's result never depends on the other
+    rows of its batch (see `_dynamic_per_token`). The default head; quantize_model's "mixed" uses it everywhere
+    except where inputs carry outlier channels.
     w8a16: activations rounded to bf16, weights widened in the kernel (aten._weight_int8pack_mm).
     w8a8i: each token's activations quantized to int8 with its own scale, then an int8 x int8 GEMM with exact int32
-    accumulation (aten._int_mm): a row's result never depends on the other rows of the batch, and at batch 1-32
-    it is 1.4-5x faster than int8pack on a 49,152-row head. Not on the default path: rounding each token's
-    activations to 127 levels turns the body's last-bit differences between batch compositions into flipped greedy
-    tokens (tests/integration/test_server_recovery.py caught it on the head).
+    accumulation (aten._int_mm): batch-independent too, slower than w8a8 at batch 1-8.
     Off the CPU they all run the reference path, which is W8A16 in the activation dtype.
     """
 
@@ -89,7 +88,8 @@ class Int8Linear(QuantizedLinear):
         self._packed = None
         on_cpu = use_kernels and q.device.type == "cpu"
         if on_cpu and scheme == "w8a8" and qk.has_fbgemm_int8():
-            self._packed = qk.prepack_int8(q, scale)
+            # two zero columns meet the +1 and -1 that `_dynamic_per_token` appends to every row
+            self._packed = qk.prepack_int8(torch.cat((q, q.new_zeros(q.shape[0], 2)), dim=1), scale)
             self.reduce_range = not qk.cpu_has_vnni()
             self.kernel = "fbgemm-w8a8"
             return
@@ -116,17 +116,23 @@ class Int8Linear(QuantizedLinear):
         return F.linear(x, qk.dequantize_int8(self.qweight, self.scale, x.dtype), self._bias_like(x))
 
     def _dynamic_per_token(self, x: torch.Tensor) -> torch.Tensor:
-        """fbgemm quantizes its whole input with one scale; a prompt's few huge-activation tokens (the first one,
-        delimiters) would leave the rest a handful of levels, so rows are brought to a common range first and
-        scaled back after, which makes the scale per token (the layer is linear in each row)."""
-        if x.shape[0] == 1:
-            return torch.ops.quantized.linear_dynamic(x.contiguous(), self._packed, self.reduce_range)
+        """fbgemm quantizes its whole input with one scale and zero point, from the input's min and max. Each row
+        is divided by its own absolute max (the layer is linear in each row, so it is scaled back after), which
+        puts every row in [-1, 1]; a +1 and a -1 appended to every row (against zero weight columns) make the
+        range exactly [-1, 1] whatever the batch holds. So each token is quantized with its own scale, a prompt's
+        few huge-activation tokens (the first one, delimiters) cost the others nothing, and a row's result is the
+        same alone or in any batch (integer accumulation, the same affine map)."""
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
-        return torch.ops.quantized.linear_dynamic((x / amax).contiguous(), self._packed, self.reduce_range) * amax
+        pinned = torch.cat((x / amax, self._range_pins(x.shape[0])), dim=1)
+        return torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * amax
+
+    @staticmethod
+    def _range_pins(rows: int) -> torch.Tensor:
+        return torch.tensor([1.0, -1.0]).expand(rows, 2)
 
     def dequantized(self, dtype=torch.float32):
-        if self._packed is not None:
-            return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize().to(dtype)
+        if self._packed is not None:  # without the two pinning columns
+            return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()[:, : self.in_features].to(dtype)
         return qk.dequantize_int8(self.qweight, self.scale.float(), dtype)
 
     def weight_bytes(self):
