@@ -67,7 +67,7 @@ def test_unknown_key_suggests_and_lists_allowed(tmp_path):
     assert len(lines) == 2
     engine_line = next(line for line in lines if "kv_cahce_dtype" in line)
     assert "did you mean engine.kv_cache_dtype?" in engine_line
-    assert "allowed: device, dtype" in engine_line
+    assert "allowed: compile, device, dtype" in engine_line
     top = next(line for line in lines if "prot" in line)
     assert "did you mean port?" in top and "api_keys" in top
 

@@ -56,6 +56,7 @@ def register(bench_app: typer.Typer) -> None:
         json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON.")] = None,
         config: common.ConfigOpt = None,
         verify: common.VerifyOpt = None,
+        compile_: common.CompileOpt = None,
     ) -> None:
         """Our engine vs transformers generate on the same prompts, greedy, EOS ignored."""
         from mlc.bench.offline import run_offline
@@ -63,7 +64,7 @@ def register(bench_app: typer.Typer) -> None:
         cfg = common.engine_config(config, model=model, max_batch_size=max_batch_size, device=device,
                                    kv_cache_dtype=kv_cache_dtype, kv_cache_memory=kv_cache_memory,
                                    weight_dtype=weight_dtype,
-                                   max_num_batched_tokens=max_num_batched_tokens, verify=verify)
+                                   max_num_batched_tokens=max_num_batched_tokens, verify=verify, compile=compile_)
         with console.status("running the engine, then transformers"):
             report = run_offline(cfg, num_prompts, max_new_tokens, peer_batch_size, not no_peer)
         console.print(report_table(report))

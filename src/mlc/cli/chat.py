@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         config: common.ConfigOpt = None,
         verify: common.VerifyOpt = None,
         tensor_parallel_size: common.TPOpt = None,
+        compile_: common.CompileOpt = None,
         enable_expert_parallel: common.EPOpt = None,
     ) -> None:
         """Chat with a model in the terminal, using its chat template."""
@@ -40,7 +41,7 @@ def register(app: typer.Typer) -> None:
         from mlc.errors import MlcError
 
         cfg = common.engine_config(config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                   weight_dtype=weight_dtype,
+                                   weight_dtype=weight_dtype, compile=compile_,
                                    kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len, verify=verify,
                                    tensor_parallel_size=tensor_parallel_size,
                                    enable_expert_parallel=enable_expert_parallel)

@@ -32,6 +32,9 @@ TPOpt = Annotated[Optional[int], typer.Option(
 EPOpt = Annotated[Optional[bool], typer.Option(
     "--enable-expert-parallel", help="MoE models: spread whole experts over the tensor-parallel ranks instead of "
     "splitting every expert.")]
+CompileOpt = Annotated[Optional[bool], typer.Option(
+    "--compile/--no-compile", help="Run the forward pass as one torch.compile graph (Llama and GLM-4 dense, one "
+    "rank, no LoRA; needs a C++ compiler): faster small batches after a one-time compile (default off).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="YAML config file; flags override it.")]
 VerifyOpt = Annotated[Optional[bool], typer.Option(
     "--verify", help="Check every byte of a store model against its manifest before loading (default: sizes and "

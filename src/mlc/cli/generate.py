@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         config: common.ConfigOpt = None,
         verify: common.VerifyOpt = None,
         tensor_parallel_size: common.TPOpt = None,
+        compile_: common.CompileOpt = None,
         enable_expert_parallel: common.EPOpt = None,
     ) -> None:
         """Generate text offline (no server)."""
@@ -55,6 +56,7 @@ def register(app: typer.Typer) -> None:
         cfg = common.engine_config(
             config, model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len, verify=verify,
+            compile=compile_,
             tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
         )
         llm = LLM(config=cfg)

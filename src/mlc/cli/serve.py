@@ -122,6 +122,7 @@ def register(app: typer.Typer) -> None:
             "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
         threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: one per core).")] = None,
         tensor_parallel_size: common.TPOpt = None,
+        compile_: common.CompileOpt = None,
         enable_expert_parallel: common.EPOpt = None,
         verify: common.VerifyOpt = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
@@ -139,7 +140,7 @@ def register(app: typer.Typer) -> None:
             weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
             kv_cache_memory=kv_cache_memory, page_size=page_size, max_batch_size=max_batch_size,
             max_seq_len=max_seq_len, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=prefix_caching, seed=seed, num_threads=threads, verify=verify,
+            enable_prefix_caching=prefix_caching, seed=seed, num_threads=threads, verify=verify, compile=compile_,
             tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
         )
         overrides |= {

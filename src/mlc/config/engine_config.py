@@ -60,6 +60,7 @@ class EngineConfig(BaseModel):
     num_threads: int | None = Field(None, ge=1)  # CPU compute threads; None: torch's default (one per core)
     tensor_parallel_size: int = Field(1, ge=1)  # ranks (processes) the model is split over; gloo on CPU
     enable_expert_parallel: bool = False  # MoE: whole experts spread over the ranks instead of split inside each
+    compile: bool = False  # the forward pass as one torch.compile graph (engine/compiled_forward.py)
     verify: bool = False  # a store model's every byte against its manifest at load; off: sizes + sampled hashes
 
     @field_validator("kv_cache_memory", mode="before")

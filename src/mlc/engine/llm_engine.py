@@ -9,6 +9,7 @@ import weakref
 import torch
 
 from mlc.config.engine_config import EngineConfig
+from mlc.engine.compiled_forward import compile_forward, uncompile
 from mlc.engine.detokenizer import IncrementalDetokenizer
 from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
 from mlc.engine.memory import CachePlan, plan_cache
@@ -33,19 +34,9 @@ from mlc.errors import (
 )
 from mlc.layers.lora import LoRAAdapter
 from mlc.models.loader import describe_weights
+from mlc.models.tokenizer import eos_token_ids
 
 log = logging.getLogger("mlc.engine")
-
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
-        ids.update(source if isinstance(source, (list, tuple)) else [source])
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        extra = gen.get("eos_token_id")
-        ids.update(extra if isinstance(extra, list) else [extra])
-    return {i for i in ids if isinstance(i, int)}
 
 
 class LLMEngine:
@@ -80,6 +71,8 @@ class LLMEngine:
 
             tokenizer = load_tokenizer(model.model_dir)
         self.model, self.tokenizer = model, tokenizer
+        if config.compile:
+            compile_forward(model, config)
         self.model_name = config.model
         context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_seq_len = min(config.max_seq_len or context, context)
@@ -147,6 +140,8 @@ class LLMEngine:
         if name in self.adapter_ids:
             raise ConfigError(f"a LoRA adapter named {name!r} is already loaded")
         adapter_id = len(self.adapter_ids) + 1
+        if self.config.compile:
+            uncompile(self.model, f"LoRA adapter {name!r} loaded")
         self.adapters[name] = self.runner.attach_adapter(adapter_id, name, path)
         self.adapter_ids[name] = adapter_id
         return adapter_id

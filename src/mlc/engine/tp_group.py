@@ -124,15 +124,14 @@ class TPGroup:
         try:
             result = local(*args)
         except Exception as e:
-            if not self.all_alive():
-                self._dead(f"a rank exited during {method} ({e})")
+            exited = [f"rank {rank} exited (code {proc.returncode})"
+                      for rank, proc in enumerate(self.procs, start=1) if proc.poll() is not None]
+            if exited:
+                self._dead(f"{', '.join(exited)} during {method} ({e})")
             self.collect(method, e)
             raise
         self.collect(method, None)
         return result
-
-    def all_alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs)
 
     def _check_alive(self) -> None:
         if self.closed:

@@ -7,7 +7,8 @@ from torch import nn
 
 from mlc.distributed.state import reduce_from_tp, tp_rank, tp_size
 from mlc.errors import ConfigError
-from mlc.layers.attention import AttentionMetadata, paged_attention
+from mlc.layers.attention import AttentionMetadata
+from mlc.layers.attention_op import attend
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import Linear, MergedLinear, split_evenly
 from mlc.layers.mlp import GatedMLP
@@ -83,7 +84,7 @@ class LlamaAttention(nn.Module):
         # q and k are adjacent in the fused output, so one rotary call covers both
         qk = self.rotate(qkv[:, :split].view(t, h + self.num_kv_heads, d), cos, sin)
         v = qkv[:, split:].view(t, self.num_kv_heads, d)
-        o = paged_attention(qk[:, :h], qk[:, h:], v, cache, meta, self.scale)
+        o = attend(qk[:, :h], qk[:, h:], v, cache, meta, self.scale, self.layer_idx)
         return reduce_from_tp(self.o_proj(o.reshape(t, -1)))
 
     def rotate(self, qk, cos, sin):
@@ -98,6 +99,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = self.attention_cls(cfg)
+        self.self_attn.layer_idx = layer_idx  # which cache a compiled graph's attention op reads
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = self.build_mlp(cfg, layer_idx)
 

@@ -59,3 +59,15 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt
                                              add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
     except Exception as e:  # jinja raises TemplateError (e.g. the template's own raise_exception) or TypeError
         raise InvalidRequestError(f"the chat template rejected these messages: {e}", field="messages") from None
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every end-of-sequence id the config, the tokenizer and generation_config name."""
+    ids: set[int] = set()
+    for source in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        ids.update(source if isinstance(source, (list, tuple)) else [source])
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        extra = gen.get("eos_token_id")
+        ids.update(extra if isinstance(extra, list) else [extra])
+    return {i for i in ids if isinstance(i, int)}
