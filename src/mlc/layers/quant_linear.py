@@ -19,6 +19,9 @@ from mlc.errors import ModelFormatError
 from mlc.layers import quant_kernels as qk
 
 
+_RANGE_PINS = torch.tensor([[1.0, -1.0]])  # appended to every row by Int8Linear's W8A8 (made once, not per call)
+
+
 class QuantizedLinear(nn.Module):
     """What every quantized layer shares with Linear/MergedLinear: shapes, a float bias, `split` of merged rows."""
 
@@ -123,12 +126,8 @@ class Int8Linear(QuantizedLinear):
         few huge-activation tokens (the first one, delimiters) cost the others nothing, and a row's result is the
         same alone or in any batch (integer accumulation, the same affine map)."""
         amax = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12)
-        pinned = torch.cat((x / amax, self._range_pins(x.shape[0])), dim=1)
+        pinned = torch.cat((x / amax, _RANGE_PINS.expand(x.shape[0], 2)), dim=1)
         return torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * amax
-
-    @staticmethod
-    def _range_pins(rows: int) -> torch.Tensor:
-        return torch.tensor([1.0, -1.0]).expand(rows, 2)
 
     def dequantized(self, dtype=torch.float32):
         if self._packed is not None:  # without the two pinning columns
