@@ -410,3 +410,21 @@ def test_chat_page(server):
 def test_no_tracebacks_in_the_log(server):
     time.sleep(0.2)
     assert "Traceback" not in server.log()
+
+
+def test_bench_serve_reports_plots_and_json(server, tmp_path):
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mlc.cli.main", "bench", "serve", "--url", server.url + "/v1", "--concurrency", "1,2",
+         "--num-prompts", "3", "--max-tokens", "4", "--ignore-eos", "--warmup", "0", "--plot", str(tmp_path / "b"),
+         "--json", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "concurrency 1: 3 ok, 0 failed" in out.stdout and "concurrency 2: 3 ok, 0 failed" in out.stdout
+    levels = json.loads((tmp_path / "b.json").read_text())["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2] and all(lv["completed"] == 3 for lv in levels)
+    assert all(lv["output_tokens"] == 12 for lv in levels)
+    for name in ("throughput", "latency", "latency-cdf"):
+        png = tmp_path / f"b-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

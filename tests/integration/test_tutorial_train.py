@@ -1,8 +1,9 @@
 """The reference tutorial's training steps (4.3) end to end on a tiny model, each line given to `mlc-cli` as written:
 `preprocess.py`'s flags with a tokenizer-only directory, then `run_mindformer.py`'s flags with the tutorial's
 glm5_7b_lora.yaml, whose `parallel_config.data_parallel: 2` starts two processes (model_parallel is 1 here, so that
-the run fits two cores; tests/integration/test_train_tensor_parallel.py runs model_parallel: 2). The tutorial's train.sh
-sets SEQ_LEN=2048, the length the data was preprocessed to; it is given as `max_seq_len=2048`."""
+the run fits two cores; tests/integration/test_train_tensor_parallel.py runs model_parallel: 2). The environment is
+the tutorial's too: train.sh's BATCH_SIZE=8 and SEQ_LEN=2048, and the 4-card launch's HCCL_* and RANK_SIZE (2 here,
+the processes this run starts)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,13 @@ LORA_YAML = GLM5_7B_LORA_YAML.replace("model_parallel: 2", "model_parallel: 1") 
 ROW = {"instruction": "用户说'订单没收到'，应如何回复？", "output": "您好，已为您查询订单状态..."}
 
 
-def mlc(work: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+TUTORIAL_TRAIN_ENV = {"BATCH_SIZE": "8", "SEQ_LEN": "2048", "HCCL_WHITELIST_DISABLE": "1", "HCCL_OVER_DUMP": "0",
+                      "RANK_SIZE": "2", "RANK_ID": "0"}
+
+
+def mlc(work: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           **(env or {})}
     return subprocess.run([sys.executable, "-m", "mlc.cli.main", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -49,11 +55,12 @@ def test_preprocess_then_train_with_the_tutorials_flags(tmp_path):
     train = mlc(tmp_path, "train", "--config=configs/glm5/glm5_7b_lora.yaml", "--run_mode=train",
                 "--device_target=CPU", "--distribute=True", "--use_parallel=True",
                 f"--data_url={tmp_path}/data/qa_processed.bin", f"--ckpt_url={tmp_path}/models/glm5-7b",
-                f"--output_dir={tmp_path}/output/lora_finetune", "max_seq_len=2048", "max_steps=2", "data.eval=null",
-                "--quiet")
+                f"--output_dir={tmp_path}/output/lora_finetune", "max_steps=2", "data.eval=null", "--quiet",
+                env=TUTORIAL_TRAIN_ENV)
     assert train.returncode == 0, train.stdout + train.stderr
     assert "note: --data_url" in train.stderr and "parallel_config.data_parallel -> nproc" in train.stderr
+    assert "SEQ_LEN=2048 -> max_seq_len: 2048" in train.stderr and "BATCH_SIZE=8 -> batch_size: 8" in train.stderr
     log = [json.loads(line) for line in (tmp_path / "output/lora_finetune/train_log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "loss" in r]
-    assert [r["epoch"] for r in steps] == [0.5, 1.0]  # 16 rows, 8 a step: batch 4 x 2 processes
+    assert [r["epoch"] for r in steps] == [1.0, 2.0]  # 16 rows, 16 a step: BATCH_SIZE 8 x 2 processes
     assert (tmp_path / "output/lora_finetune/adapter/adapter_config.json").is_file()

@@ -197,3 +197,19 @@ def test_a_missing_optional_extra_says_which_to_install():
                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "install `mlc[serve]`" in out.stderr
+
+
+def test_every_optional_module_names_its_extra():
+    import tomllib
+
+    from mlc.cli.extras import EXTRA_OF, missing_extra_message
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for module, extra in EXTRA_OF.items():
+        assert extra in extras, (module, extra)
+        message = missing_extra_message(ModuleNotFoundError(name=f"{module}.sub"))
+        assert message and f"install `mlc[{extra}]`" in message
+    for module in ("llguidance", "jsonschema", "lm_eval", "ray"):
+        assert module in EXTRA_OF
+    assert missing_extra_message(ModuleNotFoundError(name="mlc.engine")) is None

@@ -32,6 +32,11 @@ def _help(app, *cmd: str) -> str:
     (("generate",), ["--out", "--output", "--prompts-file", "--prompt-file"]),
     (("bench", "kv"), ["--out", "--output"]),
     (("bench", "quant"), ["--json"]),
+    (("bench", "offline"), ["--max-batch-size", "--batch", "--max-num-seqs"]),
+    (("bench", "serve"), ["--plot", "--quiet"]),
+    (("preprocess",), ["--max-seq-len", "--seq-len"]),
+    (("eval",), ["--max-seq-len", "--seq-len"]),
+    (("doctor",), ["--prompts-file", "--prompt-file"]),
     (("plan",), ["--seq-len", "--max-seq-len", "--max-model-len", "--batch", "--max-batch-size", "--max-num-seqs",
                  "--kv-dtype", "--kv-cache-dtype", "--page-size", "--block-size", "--json"]),
 ])

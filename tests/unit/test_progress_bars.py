@@ -1,4 +1,4 @@
-"""Progress callbacks behind the CLI's bars (preprocess, eval, export --merge, compile), and the bar itself: on
+"""Progress callbacks behind the CLI's bars (preprocess, eval, export --merge, compile, bench quant), and the bar itself: on
 stderr, off when stderr is not a terminal or with quiet, so piped output and --json stay clean."""
 
 from __future__ import annotations
@@ -76,3 +76,26 @@ def test_eval_samples_read_a_json_array_file(base, tmp_path):
     result = evaluate(str(base), data, samples=2, max_new_tokens=2)
     assert result.rows == 3 and result.dropped == 1
     assert [s["prompt"] for s in result.samples] == ["Q0", "Q1"]
+
+
+def test_preprocess_reports_bytes_read(base, tmp_path):
+    from mlc.models.tokenizer import load_tokenizer
+    from mlc.train.preprocess import PreprocessOptions, preprocess_file
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"instruction": f"Q{i}", "output": "Hello"}) + "\n" for i in range(40)))
+    seen = []
+    stats = preprocess_file(data, tmp_path / "ds", load_tokenizer(base), PreprocessOptions(max_seq_len=64),
+                            progress=lambda rows, done, total: seen.append((rows, done, total)))
+    assert seen and seen[-1] == (40, data.stat().st_size, data.stat().st_size) and stats.rows == 40
+    assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
+
+
+def test_bench_quant_reports_each_variant_as_it_lands(base):
+    from mlc.bench.quant import parse_variant, run_quant_bench
+
+    seen = []
+    report = run_quant_bench(str(base), [parse_variant("int8")], decode_tokens=4, repeats=1, plan=None,
+                             with_peer=False, on_variant=seen.append)
+    assert [v.label for v in seen] == [v.label for v in report.variants] and len(seen) == 1
+    assert seen[0].decode_b1_tok_s > 0

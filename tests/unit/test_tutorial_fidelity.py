@@ -198,6 +198,26 @@ def test_section_4_4_ascend_memory_variables_become_the_kv_budget():
         apply_ascend_env(EngineConfig(), {"ASCEND_MAX_MEM": "28G"})
 
 
+def test_section_3_3_and_4_3_training_environment():
+    from mlc.config.ascend_env import apply_train_env
+    from mlc.config.loader import load_train_config
+
+    env = {"BATCH_SIZE": "8", "SEQ_LEN": "2048", "HCCL_WHITELIST_DISABLE": "1", "HCCL_OVER_DUMP": "0",
+           "RANK_SIZE": "4", "RANK_ID": "0"}
+    cfg, notes = apply_train_env(load_train_config(None, ["tensor_parallel=2", "nproc=2"]), env)
+    assert (cfg.batch_size, cfg.max_seq_len, cfg.nproc, cfg.tensor_parallel) == (8, 2048, 2, 2)
+    assert notes[:3] == ["BATCH_SIZE=8 -> batch_size: 8", "SEQ_LEN=2048 -> max_seq_len: 2048",
+                         "RANK_SIZE=4 -> matches the 4 process(es) mlc starts; nothing to change"]
+    assert "RANK_ID=0 -> not used" in notes[3] and notes[4].startswith("HCCL_OVER_DUMP, HCCL_WHITELIST_DISABLE ->")
+    given, notes = apply_train_env(load_train_config(None, ["batch_size=2"]), {"BATCH_SIZE": "8"})
+    assert given.batch_size == 2 and notes == ["BATCH_SIZE=8 -> not used: the config sets batch_size = 2"]
+    with pytest.raises(ConfigError, match="RANK_SIZE=4 but this run starts 1 process"):
+        apply_train_env(load_train_config(None, []), {"RANK_SIZE": "4"})
+    assert apply_train_env(load_train_config(None, []), {"RANK_SIZE": "4"}, launcher=False)[1] == []
+    with pytest.raises(ConfigError, match="SEQ_LEN='2k' is not a positive whole number"):
+        apply_train_env(load_train_config(None, []), {"SEQ_LEN": "2k"})
+
+
 def test_section_4_4_serve_config_reads_the_variables(monkeypatch):
     from mlc.cli.serve import build_config
 

@@ -33,6 +33,23 @@ def throughput_plot(series: dict[str, list[tuple[int, float]]], path: Path, titl
     return _finish(plt, fig, ax, path, title, "concurrent requests", "output tokens / s")
 
 
+def latency_plot(series: dict[str, list[tuple[int, float | None]]], path: Path, title: str) -> Path:
+    """One line per latency statistic (e.g. "TTFT p50", "TPOT p99"), in ms, against the concurrency level."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for label, points in series.items():
+        points = sorted((x, y) for x, y in points if y is not None and y == y)  # drop levels with no value (NaN)
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=label, ls="--" if "p99" in label else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    levels = sorted({x for points in series.values() for x, _ in points})
+    ax.set_xticks(levels, [str(x) for x in levels])
+    ax.minorticks_off()
+    return _finish(plt, fig, ax, path, title, "concurrent requests", "latency (ms, log scale)")
+
+
 def cdf_plot(series: dict[str, list[float]], path: Path, title: str, xlabel: str) -> Path:
     """Empirical CDF of a latency (ms) per server; the p50 and p99 are readable off the curve."""
     plt = _pyplot()

@@ -221,10 +221,10 @@ def arrival_gaps(n: int, rate: float | None, seed: int) -> list[float]:
 
 
 async def run_level(client: httpx.AsyncClient, url: str, bodies: list[dict], concurrency: int,
-                    cfg: BenchConfig) -> LevelReport:
+                    cfg: BenchConfig, on_request=None) -> LevelReport:
     """Send `bodies` with at most `concurrency` in flight; with `cfg.request_rate` they also arrive as a Poisson
     process (a request that arrives while `concurrency` are in flight waits for a slot, and its latency counts
-    from its arrival)."""
+    from its arrival). `on_request(result)` is called as each request ends."""
     gate = asyncio.Semaphore(concurrency)
 
     async def limited(body: dict, arrived: float) -> RequestResult:
@@ -234,6 +234,8 @@ async def run_level(client: httpx.AsyncClient, url: str, bodies: list[dict], con
         if cfg.request_rate and waited > 0:  # queueing on the client side is part of what the user sees
             result.e2e += waited
             result.ttft = None if result.ttft is None else result.ttft + waited
+        if on_request is not None:
+            on_request(result)
         return result
 
     start = time.perf_counter()
@@ -246,8 +248,9 @@ async def run_level(client: httpx.AsyncClient, url: str, bodies: list[dict], con
     return report(concurrency, list(results), time.perf_counter() - start, cfg)
 
 
-async def run_bench(cfg: BenchConfig, on_level=None) -> tuple[str, list[LevelReport]]:
-    """(model, one report per concurrency level); `on_level(report)` is called as each level finishes."""
+async def run_bench(cfg: BenchConfig, on_level=None, on_request=None) -> tuple[str, list[LevelReport]]:
+    """(model, one report per concurrency level); `on_level(report)` is called as each level finishes and
+    `on_request(result)` as each measured request ends."""
     if cfg.num_prompts < 1 or not cfg.concurrency or min(cfg.concurrency) < 1:
         raise InvalidRequestError("--num-prompts and every --concurrency level must be at least 1")
     url = base_url(cfg.url)
@@ -264,7 +267,7 @@ async def run_bench(cfg: BenchConfig, on_level=None) -> tuple[str, list[LevelRep
         reports = []
         for level in cfg.concurrency:
             bodies = [_body(cfg, model, prompts[rng.randrange(len(prompts))]) for _ in range(cfg.num_prompts)]
-            rep = await run_level(client, url, bodies, level, cfg)
+            rep = await run_level(client, url, bodies, level, cfg, on_request)
             reports.append(rep)
             if on_level is not None:
                 on_level(rep)

@@ -80,7 +80,9 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="Seed of the prompt choice and of the arrival times.")] = 0,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
     plot: Annotated[Optional[Path], typer.Option(
-        help="Write PNG plots with this path prefix: PREFIX-throughput.png and PREFIX-latency-cdf.png.")] = None,
+        help="Write PNG plots with this path prefix: PREFIX-throughput.png, PREFIX-latency.png (TTFT and TPOT "
+             "p50/p99 against concurrency) and PREFIX-latency-cdf.png.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
     """Measure TTFT, TPOT, ITL, E2E, throughput and goodput of a running OpenAI-compatible server."""
     from mlc.bench.serve import BenchConfig, run_bench, to_json
@@ -93,11 +95,17 @@ def bench_serve(
     if request_rate is not None and request_rate <= 0:
         raise InvalidRequestError(f"--request-rate {request_rate}: give a positive number of requests per second")
 
-    def progress(rep) -> None:
-        console.print(f"concurrency {rep.concurrency}: {rep.completed} ok, {rep.failed} failed in "
-                      f"{rep.duration_s:.1f}s", highlight=False)
+    from mlc.cli.progress import progress_bar
 
-    model_id, reports = asyncio.run(run_bench(cfg, on_level=progress))
+    with progress_bar(quiet) as bar:
+        task = bar.add_task("bench serve: requests", total=len(cfg.concurrency) * num_prompts)
+
+        def level_done(rep) -> None:
+            console.print(f"concurrency {rep.concurrency}: {rep.completed} ok, {rep.failed} failed in "
+                          f"{rep.duration_s:.1f}s", highlight=False)
+
+        model_id, reports = asyncio.run(run_bench(cfg, on_level=level_done,
+                                                  on_request=lambda _result: bar.advance(task)))
     console.print(serve_table(model_id, reports, slo_ttft_ms is not None or slo_tpot_ms is not None))
     for rep in reports:
         for e in rep.errors:
@@ -106,12 +114,15 @@ def bench_serve(
         json_out.write_text(json.dumps(to_json(cfg, model_id, reports), indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
     if plot is not None:
-        from mlc.bench.plots import cdf_plot, throughput_plot
+        from mlc.bench.plots import cdf_plot, latency_plot, throughput_plot
 
         rate = f", {request_rate} req/s Poisson" if request_rate else ""
         paths = [
             throughput_plot({model_id: [(r.concurrency, r.output_tok_s) for r in reports]},
                             Path(f"{plot}-throughput.png"), f"bench serve: {model_id}{rate}"),
+            latency_plot({f"{label} {stat}": [(r.concurrency, getattr(getattr(r, attr), stat)) for r in reports]
+                          for label, attr in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")) for stat in ("p50", "p99")},
+                         Path(f"{plot}-latency.png"), f"latency against concurrency: {model_id}{rate}"),
             cdf_plot({f"concurrency {r.concurrency}": r.samples_ms["e2e"] for r in reports},
                      Path(f"{plot}-latency-cdf.png"), f"end-to-end latency: {model_id}{rate}", "E2E latency (ms)"),
         ]

@@ -45,7 +45,8 @@ def register(bench_app: typer.Typer) -> None:
         num_prompts: Annotated[int, typer.Option("--num-prompts")] = 32,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens")] = 128,
         max_batch_size: Annotated[Optional[int], typer.Option(
-            "--max-batch-size", help="Default: sized from the KV budget, as `serve` and `LLM()` do.")] = None,
+            "--max-batch-size", "--batch", "--max-num-seqs",
+            help="Default: sized from the KV budget, as `serve` and `LLM()` do.")] = None,
         peer_batch_size: Annotated[int, typer.Option("--peer-batch-size", help="transformers' static batch.")] = 8,
         no_peer: Annotated[bool, typer.Option("--no-peer", help="Skip transformers.")] = False,
         weight_dtype: common.WeightDtypeOpt = None,

@@ -13,7 +13,8 @@ MARKS = {"ok": "[green]ok[/]  ", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/
 
 
 def doctor_command(
-    prompt_file: Path = typer.Option(None, "--prompt-file", help="Find invisible characters (U+200B, ...) in a prompt."),
+    prompt_file: Path = typer.Option(None, "--prompts-file", "--prompt-file",
+                                     help="Find invisible characters (U+200B, ...) in a prompt."),
     train_log: Path = typer.Option(None, "--train-log", help="A run dir or train_log.jsonl to scan for NaN/inf losses."),
     config: Path = typer.Option(None, "--config", help="A serve, lora or cluster YAML to validate and lint."),
     hardware: str = typer.Option(None, "--hardware", help="Profile to lint the config against."),

@@ -5,6 +5,7 @@ from __future__ import annotations
 # top-level module -> the pyproject extra that installs it
 EXTRA_OF = {
     "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "prometheus_client": "serve", "httpx": "serve",
+    "llguidance": "serve", "jsonschema": "serve", "lm_eval": "eval", "ray": "cluster",
     "peft": "train", "datasets": "train", "matplotlib": "train", "accelerate": "train",
 }
 

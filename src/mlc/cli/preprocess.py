@@ -19,7 +19,7 @@ def preprocess_cmd(
         "Whose tokenizer and chat template: a store name, a checkpoint dir, an org/name in the HF cache, or a "
         "tokenizer-only dir.")),
     fmt: str = typer.Option("auto", "--format", help="auto, instruction, alpaca, chat or sharegpt."),
-    max_seq_len: int = typer.Option(512, "--max-seq-len", help="Longer rows are truncated (and counted)."),
+    max_seq_len: int = typer.Option(512, "--max-seq-len", "--seq-len", help="Longer rows are truncated (and counted)."),
     pad_to_multiple_of: int = typer.Option(16, "--pad-to-multiple-of", help="Row lengths are padded to this."),
     train_on_prompt: bool = typer.Option(False, "--train-on-prompt", help="Keep prompt tokens in the labels."),
     packing: bool = typer.Option(False, "--packing", help="Pack several rows into each max_seq_len sequence."),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -93,6 +94,7 @@ def train_cmd(
     if args and args[0] == "plot":
         return _plot(args[1:], smoothing)
     from mlc.cli.common import print_notes
+    from mlc.config.ascend_env import apply_train_env
     from mlc.config.loader import load_train_config
     from mlc.errors import ConfigError
     from mlc.train.distributed import launch, launched_by_torchrun
@@ -102,6 +104,8 @@ def train_cmd(
     args, config = split_config_arg(args, config)
     notes: list[str] = []
     cfg = load_train_config(config, args, notes)  # validate before spawning workers
+    cfg, env_notes = apply_train_env(cfg, os.environ, nproc, not launched_by_torchrun())  # the tutorial's BATCH_SIZE, SEQ_LEN, RANK_SIZE, ...
+    notes += env_notes
     if not launched_by_torchrun():
         print_notes(notes)
         if ui:

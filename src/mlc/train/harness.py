@@ -25,7 +25,8 @@ def _lm_eval():
     try:
         from lm_eval.api.model import TemplateLM
     except ImportError:
-        raise ConfigError("mlc-cli eval --tasks needs lm-eval: pip install lm-eval") from None
+        raise ConfigError("mlc-cli eval --tasks needs lm-eval, part of the optional extra mlc[eval]: "
+                          "install `mlc[eval]` (pip install 'mlc[eval]')") from None
     return TemplateLM
 
 
