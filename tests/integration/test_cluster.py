@@ -1,5 +1,5 @@
 """`mlc-cli deploy` and `mlc-cli train --cluster-config` on a real local Ray head (loopback, 2 CPUs): two replicas
-of a tiny random Llama behind one endpoint with the server's API, prefix affinity, a replica killed under load, a
+of the default model (smollm2-135m-instruct, from the model store `make test` fills) behind one endpoint with the server's API, prefix affinity, a replica killed under load, a
 roll onto an adapter without a failed request, and a 2-worker Ray Train job (a worker killed mid-run) whose
 adapter is rolled onto the replicas. One Ray cluster for the module; `deploy down` stops it."""
 
@@ -20,8 +20,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_server_support import free_port  # noqa: E402
-from tiny_llama import build_tiny_llama  # noqa: E402
+from test_server_support import MODEL, free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -62,13 +61,15 @@ def adapter(base: Path, out: Path, seed: int) -> Path:
 class Cluster:
     def __init__(self, root: Path):
         self.root = root
+        from mlc.models.store import resolve_model_dir
+
+        self.model = resolve_model_dir(MODEL)  # the default model, by path: MLC_HOME changes below
         ENV["MLC_HOME"] = str(root / "mlc-home")  # the local head's record and log stay out of the user's store
-        self.model = build_tiny_llama(root / "tiny")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = root / "cluster.yaml"
         (root / "serve.yaml").write_text(yaml.safe_dump({
-            "engine": {"kv_cache_memory": "8MiB", "max_batch_size": 8}, "api_keys": [KEY],
+            "engine": {"kv_cache_memory": "48MiB", "max_seq_len": 512, "max_batch_size": 8}, "api_keys": [KEY],
             "audit_log": str(root / "audit.jsonl")}))
         self.config.write_text(yaml.safe_dump({
             "model": str(self.model), "hardware": "cpu", "ray_address": f"local:{free_port()}",
@@ -92,6 +93,7 @@ def cluster(tmp_path_factory):
     t0 = time.monotonic()
     deployed = cli("deploy", "--cluster-config", str(c.config))
     c.seconds_to_healthy = time.monotonic() - t0
+    print(f"deploy: healthy after {c.seconds_to_healthy:.1f} s (head start and 2 replica loads included)")
     try:
         ok(deployed)
         yield c
@@ -255,7 +257,7 @@ def test_training_on_the_pool_survives_a_killed_worker_and_its_adapter_rolls_on(
     raw = {"model": str(cluster.model), "data": {"train": str(root / "train.jsonl"), "eval": None},
            "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
            "optimizer": {"lr": 1e-2}, "batch_size": 2, "gradient_accumulation_steps": 1, "max_steps": 12,
-           "max_seq_len": 64, "save_every": 3, "seed": 3, "precision": "fp32", "output_dir": "cs"}
+           "max_seq_len": 128, "save_every": 3, "seed": 3, "precision": "fp32", "output_dir": "cs"}
     (root / "lora.yaml").write_text(yaml.safe_dump(raw))
     proc = subprocess.Popen([sys.executable, "-m", "mlc.cli.main", "train", "--config", str(root / "lora.yaml"),
                              "--cluster-config", str(cluster.config)], env={**ENV, "MLC_TEST_TRAIN_STEP_DELAY_S": "0.4"},
@@ -279,7 +281,10 @@ def test_training_on_the_pool_survives_a_killed_worker_and_its_adapter_rolls_on(
     got = {r["step"]: r["loss"] for r in TrainLog(out_dir).step_records()}
     ref = {r["step"]: r["loss"] for r in TrainLog(reference.output_dir).step_records()}
     assert sorted(got) == sorted(ref) == list(range(1, 13))
-    assert max(abs(got[s] - ref[s]) for s in ref) < 1e-5  # the same curve as one process, despite the kill
+    # The same curve as one process, despite the kill. Relative 1e-5: DDP's all-reduce sums the default model's fp32
+    # gradients in another order than accumulation does; over 12 steps that moved a loss by 8e-6 (measured).
+    print("largest relative loss difference against one process:", max(abs(got[s] / ref[s] - 1) for s in ref))
+    assert max(abs(got[s] / ref[s] - 1) for s in ref) < 1e-5
     roll = next(line for line in output.splitlines() if line.startswith("roll it onto the replicas: "))
     command = roll.removeprefix("roll it onto the replicas: mlc-cli ").split()
     ok(cli(*command))

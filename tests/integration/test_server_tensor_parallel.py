@@ -1,6 +1,7 @@
 """`mlc-cli serve --tensor-parallel-size 2` on the CPU: 8 concurrent requests get one rank's greedy tokens, and a
-worker killed mid-service takes the server down cleanly (the request fails with 503, the process exits non-zero,
-nothing hangs)."""
+worker killed in the middle of a streamed request takes the server down cleanly (the stream ends with an error
+event naming the rank, /health answers 503 until the process exits non-zero, nothing hangs). An idle engine notices
+a lost worker too (no request needed)."""
 
 from __future__ import annotations
 
@@ -54,10 +55,44 @@ def test_tp2_server_matches_one_rank_then_dies_cleanly(tmp_path):
         assert "tensor parallel: 2 ranks over gloo" in srv.log()
 
         (worker,) = workers_of(srv.proc.pid)
-        os.kill(worker, signal.SIGKILL)
-        started = time.monotonic()
-        status, body = complete(PROMPTS[0])
-        assert status == 503 and "tensor-parallel worker lost" in body["error"]["message"]
-        assert srv.proc.wait(timeout=60) != 0  # exits so that a supervisor restarts it
-        assert time.monotonic() - started < 60
+        health: list[int] = []
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
+                "model": str(model), "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0,
+                "ignore_eos": True, "stream": True}) as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # the request is being decoded
+            os.kill(worker, signal.SIGKILL)
+            started = time.monotonic()
+            rest = [line for line in lines if line.startswith("data:")]
+        assert any("tensor-parallel worker lost" in line and "rank 1" in line for line in rest), rest[-3:]
+        while srv.proc.poll() is None and time.monotonic() - started < 60:
+            try:
+                health.append(httpx.get(srv.url + "/health", timeout=2).status_code)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        assert srv.proc.wait(timeout=5) != 0  # exits so that a supervisor restarts it
+        assert time.monotonic() - started < 60 and 200 not in health, health
         assert "rank 1 exited" in srv.log(), srv.log()[-3000:]
+
+
+def test_an_idle_engine_notices_a_lost_worker(tmp_path):
+    import asyncio
+
+    from mlc.engine.async_engine import AsyncEngine
+    engine = LLM(str(build_tiny_llama(tmp_path / "llama")), kv_cache_memory="4MiB", tensor_parallel_size=2).engine
+    served = AsyncEngine(engine)
+    dead = []
+    served.on_dead = dead.append
+    loop = asyncio.new_event_loop()
+    try:
+        served.start(loop)
+        os.kill(engine.tp_group.procs[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not dead and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dead and "rank 1 exited" in dead[0].message and served.error is dead[0]
+    finally:
+        served.stop()
+        engine.shutdown()
+        loop.close()

@@ -218,3 +218,37 @@ def test_bad_sizes_are_refused_before_any_worker_starts(llama_dir, monkeypatch):
     net = load_model(str(llama_dir))
     with pytest.raises(ConfigError, match="pass the model's name or path"):
         LLMEngine(model=net, tensor_parallel_size=2)
+
+
+def test_compile_for_two_ranks_serves_like_the_source(llama_dir, tmp_path):
+    """`mlc-cli compile --tp 2` pads the MLP so each rank's slice keeps the alignment; the output, split over two
+    ranks, gives the source model's greedy tokens. A size that does not divide the heads is refused up front."""
+    import subprocess
+
+    out = tmp_path / "tp2"
+    cmd = [sys.executable, "-m", "mlc.cli.main", "compile", "-m", str(llama_dir), "--alignment", "48", "--tp"]
+    done = subprocess.run([*cmd, "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert __import__("json").loads((out / "config.json").read_text())["intermediate_size"] == 96  # 2 x 48
+    expected, _, _ = run(LLM(str(llama_dir), kv_cache_memory=KV))
+    got, _, _ = run(LLM(str(out), kv_cache_memory=KV, tensor_parallel_size=2))
+    assert got == expected
+    refused = subprocess.run([*cmd, "3", "--out", str(tmp_path / "tp3")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "number of attention heads 4" in refused.stderr + refused.stdout and not (tmp_path / "tp3").exists()
+
+
+def test_whole_model_engines_beside_a_tensor_parallel_one(llama_dir):
+    """The driver's parallel state is per engine: a one-rank engine built before or after a tensor-parallel engine
+    in the same process builds whole and never waits in a collective (it used to hang in all_reduce)."""
+    before = LLM(str(llama_dir), kv_cache_memory=KV)
+    two = LLM(str(llama_dir), kv_cache_memory=KV, tensor_parallel_size=2)
+    try:
+        after = LLM(str(llama_dir), kv_cache_memory=KV)
+        assert (before.engine.runner.parallel.size, two.engine.runner.parallel.size,
+                after.engine.runner.parallel.size) == (1, 2, 1)
+        first, second, third = run(before)[0], run(two)[0], run(after)[0]
+        assert first == second == third
+    finally:
+        two.engine.shutdown()
+    assert run(before)[0] == first and tp_size() == 1

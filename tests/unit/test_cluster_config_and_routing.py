@@ -255,3 +255,20 @@ def test_a_stream_whose_replica_dies_ends_with_an_error_event_and_done():
     error = json.loads(chunks[1].decode().removeprefix("data: "))["error"]
     assert error["type"] == "service_unavailable" and error["code"] == "replica_failed"
     assert stream.cancelled
+
+
+def test_a_roll_replaces_one_replica_at_a_time_and_the_printed_roll_keeps_the_trained_model():
+    from ray import serve
+
+    from mlc.deploy.cluster.service import one_at_a_time
+    from mlc.train.ray_train import roll_command
+
+    class Replica:
+        pass
+
+    config = serve.deployment(Replica, **one_at_a_time()).options(num_replicas=12)._deployment_config
+    assert int(config.rolling_update_percentage * 12) == 0  # Serve rounds down to at least one: one at a time
+    assert roll_command("c.yaml", "support", "/runs/a", "m1", "m1") == (
+        "mlc-cli deploy --cluster-config c.yaml --lora support=/runs/a")
+    assert roll_command("c.yaml", "support", "/runs/a", "m2", "m1") == (
+        "mlc-cli deploy --cluster-config c.yaml --model m2 --lora support=/runs/a")

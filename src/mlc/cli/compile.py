@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from mlc.cli import common
 from mlc.errors import ConfigError
 
 console = Console()
@@ -28,6 +29,7 @@ def register(app: typer.Typer) -> None:
         tensor_parallel_size: Annotated[int, typer.Option(
             "--tensor-parallel-size", "--tp", help="Ranks the output will be served on: checked to shard evenly, "
             "and the MLP width padded so that each rank's slice keeps the alignment.")] = 1,
+        enable_expert_parallel: common.EPOpt = None,
     ) -> None:
         """Offline compile: fused q|k|v and gate|up, quantized weights, aligned dims, sha256 manifest."""
         from mlc.layers.quant import check_options
@@ -44,7 +46,7 @@ def register(app: typer.Typer) -> None:
             from mlc.models.hf_checkpoint import read_config
             from mlc.models.store import resolve_model_dir
 
-            check_shardable(read_config(resolve_model_dir(model)), tensor_parallel_size, False)
+            check_shardable(read_config(resolve_model_dir(model)), tensor_parallel_size, bool(enable_expert_parallel))
             if weight_dtype != "auto":
                 raise ConfigError("a tensor-parallel compile keeps the weights in float (--weight-dtype auto); "
                                   "quantize them at load time with `serve --weight-dtype`, each rank its own slice")

@@ -155,7 +155,7 @@ def nodes_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
         from mlc.deploy.cluster.container import docker_run, store_note
 
         console.print(f"each node runs Ray in {cluster.image_ref} (built from docker/ with "
-                      "--build-arg MLC_EXTRAS=serve,cluster)", highlight=False)
+                      "--build-arg MLC_EXTRAS=serve,cluster,train)", highlight=False)
         for r in raylets(cluster, kind):
             line = docker_run(r, cluster, kind, f"{head}:{port}", port, path.parent)
             console.print(f"[bold]{r.host}[/]: {line}", highlight=False)
@@ -190,7 +190,8 @@ def train_on_cluster_cmd(cluster_path: Path, config: Path | None, args: list[str
                   f"{loss}" + (f", resumed after {restarts} worker failure(s)" if restarts else ""), highlight=False)
     console.print(f"adapter: {result.adapter_dir}", highlight=False)
     name = Path(result.output_dir).name.replace("_", "-")
-    console.print(f"roll it onto the replicas: {roll_command(str(path), name, result.adapter_dir)}", highlight=False)
+    roll = roll_command(str(path), name, result.adapter_dir, cfg.model, cluster.model)
+    console.print(f"roll it onto the replicas: {roll}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

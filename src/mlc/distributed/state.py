@@ -11,6 +11,8 @@ and sums the gradients of the replicated input backward.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +36,21 @@ def set_parallel_state(rank: int, size: int, expert_parallel: bool = False, grou
 
 def reset_parallel_state() -> None:
     set_parallel_state(0, 1)
+
+
+SINGLE = ParallelState()  # a whole model in a lone process
+
+
+@contextmanager
+def parallel_scope(state: ParallelState) -> Iterator[None]:
+    """Run a block as `state`'s rank: a process may hold a tensor-parallel engine (the driver, rank 0 of its group)
+    and whole-model engines side by side, and each must build and run under its own state, not the last one set."""
+    global _STATE
+    saved, _STATE = _STATE, state
+    try:
+        yield
+    finally:
+        _STATE = saved
 
 
 def parallel_state() -> ParallelState:

@@ -230,6 +230,7 @@ class AsyncEngine:
             if not self.engine.has_unfinished():
                 self._wake.wait(0.5)
                 self._wake.clear()
+                self.engine.check_alive()  # an idle engine still notices a lost worker (/health answers 503)
                 continue
             try:
                 outputs = self.engine.step()

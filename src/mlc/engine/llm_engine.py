@@ -23,6 +23,7 @@ from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import Scheduler, SchedulerOutput
 from mlc.engine.sequence import FinishReason, Sequence
 from mlc.engine.sparse_kv import SparseKV
+from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.errors import (
     CapacityError,
     ConfigError,
@@ -51,7 +52,8 @@ class LLMEngine:
             model, self.tp_group = start_tensor_parallel(config, model)
             weakref.finalize(self, self.tp_group.shutdown)  # workers never outlive their engine
         try:
-            self._build(config, model, tokenizer)
+            with parallel_scope(parallel_state() if self.tp_group is not None else SINGLE):
+                self._build(config, model, tokenizer)  # whole, even beside a tensor-parallel engine
         except BaseException:
             self.shutdown()
             raise
@@ -262,6 +264,11 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def check_alive(self) -> None:
+        """Raise `EngineDeadError` if a tensor-parallel worker has exited, even with no step to run."""
+        if self.tp_group is not None:
+            self.tp_group.check_alive()
 
     # -- one step ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -12,6 +12,7 @@ from mlc.engine.isolate import one_by_one
 from mlc.engine.page_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.scheduler import ScheduledSeq
+from mlc.distributed.state import parallel_scope, parallel_state
 from mlc.errors import EngineDeadError
 from mlc.layers.attention import build_attention_metadata
 from mlc.layers.lora import attach_adapter, lora_rows
@@ -47,6 +48,7 @@ class ModelRunner:
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.device
+        self.parallel = parallel_state()  # the state the model was built under; every call runs under it again
 
     def apply_copies(self, copies: list[PageCopy]) -> None:
         ps = self.kv_cache.page_size
@@ -79,11 +81,13 @@ class ModelRunner:
     def run(self, scheduled: list[ScheduledSeq]) -> StepOutput:
         """Logits for each scheduled sequence whose step completes it, and the logprobs of the prompt tokens this
         step scored for sequences that asked for them."""
-        logits, scored = self.execute(prepare_step(scheduled))
+        with parallel_scope(self.parallel):
+            logits, scored = self.execute(prepare_step(scheduled))
         return StepOutput(logits, scored, scheduled)
 
     def attach_adapter(self, adapter_id: int, name: str, path: str):
-        return attach_adapter(self.model, adapter_id, name, path)
+        with parallel_scope(self.parallel):
+            return attach_adapter(self.model, adapter_id, name, path)
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:

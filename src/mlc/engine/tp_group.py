@@ -93,7 +93,7 @@ class TPGroup:
 
     def send(self, method: str, *args) -> None:
         """Start `method(*args)` on every worker (the driver then runs its own part, and `collect`s)."""
-        self._check_alive()
+        self.check_alive()
         for rank, (pipe, proc) in enumerate(zip(self.pipes, self.procs), start=1):
             try:
                 pipe.send((method, args))
@@ -133,7 +133,7 @@ class TPGroup:
         self.collect(method, None)
         return result
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         if self.closed:
             raise EngineDeadError("the tensor-parallel group is shut down")
         for rank, proc in enumerate(self.procs, start=1):

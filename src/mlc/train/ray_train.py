@@ -162,7 +162,9 @@ def _root_cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[-1] if text else ''}"
 
 
-def roll_command(cluster_path: str, name: str, adapter_dir: str) -> str:
-    """The one command that puts a trained adapter on the serving replicas."""
-    return f"mlc-cli deploy --cluster-config {cluster_path} --lora {name}={adapter_dir}"
+def roll_command(cluster_path: str, name: str, adapter_dir: str, base_model: str, cluster_model: str) -> str:
+    """The one command that puts a trained adapter on the serving replicas. The replicas must serve the model it
+    was trained on: `--model` is added when that is not the cluster file's model."""
+    model = "" if base_model == cluster_model else f" --model {base_model}"
+    return f"mlc-cli deploy --cluster-config {cluster_path}{model} --lora {name}={adapter_dir}"
 

@@ -67,7 +67,19 @@ def _replica_app(cluster: ClusterConfig, spec: dict, kind: str):
         options["request_router_config"] = RequestRouterConfig(
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"max_load_gap": s.affinity_max_load_gap})
-    return serve.deployment(ReplicaServer).options(**options).bind(spec)
+    return serve.deployment(ReplicaServer, **one_at_a_time()).options(**options).bind(spec)
+
+
+def one_at_a_time() -> dict:
+    """Serve's own rolling update replaces 20% of the replicas at a time (at least one); this asks for exactly one,
+    where this Ray version has the option (2.5x and later: `rolling_update_percentage`, rounded down, at least 1)."""
+    import inspect
+
+    from ray import serve
+
+    if "rolling_update_percentage" in inspect.signature(serve.deployment).parameters:
+        return {"rolling_update_percentage": 1e-6}
+    return {}
 
 
 def _gateway_app(spec: dict):
