@@ -218,7 +218,8 @@ def tiny_model(request, tmp_path_factory):
 def masked_decode(model, cache, seq, token: int, visible: torch.Tensor) -> torch.Tensor:
     """The reference: one decode step over the full cache, attending only to `visible` entries (and itself)."""
     ctx = seq.num_cache_entries + 1
-    meta = build_attention_metadata([1], [ctx], [seq.page_table], PS)
+    # generating=[False]: the masked SDPA path (the C++ decode kernel reads the whole context and takes no mask)
+    meta = build_attention_metadata([1], [ctx], [seq.page_table], PS, generating=[False])
     group = meta.groups[0]
     width = group.mask.shape[-1]  # the context padded to KEY_QUANTUM (the padding is masked already)
     group.mask = group.mask & torch.cat((visible, torch.ones(width - len(visible), dtype=torch.bool)))

@@ -41,6 +41,7 @@ class StepInputs:
     adapter_rows: dict[int, list[int]]  # adapter id -> flat rows of its tokens
     score: list[tuple[int, int, list[int], int]]  # (seq_id, first row, prompt targets, already scored) to score
     logit_rows: list[int]  # flat rows whose next-token logits the step returns (sequences it completes)
+    generating: list[bool] = field(default_factory=list)  # per sequence: its new tokens follow the whole prompt
 
 
 class ModelRunner:
@@ -49,6 +50,10 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = model.device
         self.parallel = parallel_state()  # the state the model was built under; every call runs under it again
+        if self.device.type == "cpu":  # build (first run on this machine) or load the kernel now, not mid-step
+            from mlc.layers.decode_kernel import kernel_status
+
+            log.info("decode attention: %s", kernel_status())
 
     def apply_copies(self, copies: list[PageCopy]) -> None:
         ps = self.kv_cache.page_size
@@ -92,7 +97,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
         meta = build_attention_metadata(step.query_lens, step.context_lens, step.page_tables, self.kv_cache.page_size,
-                                        self.device)
+                                        self.device, generating=step.generating)
         input_ids = torch.tensor(step.ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(step.positions, dtype=torch.long, device=self.device)
         with lora_rows(self._adapter_rows(step.adapter_rows)):
@@ -130,6 +135,7 @@ def prepare_step(scheduled: list[ScheduledSeq]) -> StepInputs:
         step.ids += seq.all_ids[seq.num_cached : seq.num_cached + k]
         step.positions += range(seq.num_cached, seq.num_cached + k)
         step.query_lens.append(k)
+        step.generating.append(seq.num_cached >= len(seq.prompt_ids))
         step.context_lens.append(seq.num_cache_entries + k)
         step.page_tables.append(seq.page_table)  # read now (and pickled at once for other ranks), not kept
         if seq.adapter_id:

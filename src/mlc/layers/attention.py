@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from mlc.layers.kv_store import LayerCache
+from mlc.layers.decode_kernel import decode_kernel
+from mlc.layers.kv_store import LayerCache, PagedTensor
 
 # Decode groups attend over a key length padded to a multiple of this, whatever their batch: SDPA's vectorized
 # softmax then sums the same lanes in the same order for a sequence alone or beside longer ones (padding adds
@@ -46,6 +47,9 @@ class AttentionGroup:
     gather_slots: torch.Tensor | None = None  # [G, L] cache slots of each sequence's context
     mask: torch.Tensor | None = None  # [G, 1, query_len, L] bool, True = may attend
     keys: int = 0  # the longest context of the group (L, before a decode group's padding to KEY_QUANTUM)
+    pages: torch.Tensor | None = None  # decode: [G, P] page table of each sequence (the C++ kernel reads in place)
+    context: torch.Tensor | None = None  # decode: [G] context length of each sequence
+    page_size: int = 0
 
 
 @dataclass
@@ -80,8 +84,13 @@ def build_attention_metadata(
     page_tables: list[list[int]] | None = None,
     page_size: int = 16,
     device: torch.device | str = "cpu",
+    generating: list[bool] | None = None,
 ) -> AttentionMetadata:
-    """Metadata for one step. `page_tables=None` is the dense path: every sequence must be fresh."""
+    """Metadata for one step. `page_tables=None` is the dense path: every sequence must be fresh.
+
+    `generating[i]`: sequence i's new token follows its whole prompt. Only such decode rows may take the C++
+    kernel; a prompt's last token after a prefix-cache hit stays on SDPA, so a prompt's logits are the same
+    whether or not its prefix was cached (None: every decode row may)."""
     if len(query_lens) != len(context_lens):
         raise ValueError("query_lens and context_lens differ in length")
     starts = [0]
@@ -111,8 +120,10 @@ def build_attention_metadata(
             mask = (key_idx[None, :] <= query_idx[:, None])[None, None]
             meta.groups.append(AttentionGroup(GroupKind.CHUNK, slice(starts[i], starts[i] + q), 1, q, [i], slots, mask,
                                               keys=c))
-    for bucket in _length_buckets(decode, context_lens):
-        meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device))
+    for in_place in (True, False):
+        chosen = [i for i in decode if (generating is None or generating[i]) == in_place]
+        for bucket in _length_buckets(chosen, context_lens):
+            meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device, in_place))
     return meta
 
 
@@ -130,7 +141,7 @@ def _length_buckets(ids: list[int], context_lens: list[int], spread: float = 2.0
     return buckets
 
 
-def _decode_group(ids, starts, context_lens, tables, page_size, device) -> AttentionGroup:
+def _decode_group(ids, starts, context_lens, tables, page_size, device, in_place: bool) -> AttentionGroup:
     ctx = torch.tensor([context_lens[i] for i in ids], device=device)
     longest = max(context_lens[i] for i in ids)
     padded = -(-longest // KEY_QUANTUM) * KEY_QUANTUM
@@ -145,7 +156,8 @@ def _decode_group(ids, starts, context_lens, tables, page_size, device) -> Atten
     rows = [starts[i] for i in ids]
     contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
     tokens = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
-    return AttentionGroup(GroupKind.DECODE, tokens, len(ids), 1, list(ids), slots, mask, keys=longest)
+    return AttentionGroup(GroupKind.DECODE, tokens, len(ids), 1, list(ids), slots, mask, keys=longest,
+                          pages=tables[ids] if in_place else None, context=ctx, page_size=page_size)
 
 
 def gather_context(g: AttentionGroup, store, fresh: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -181,7 +193,26 @@ def _sdpa(q, k, v, mask, scale, causal):
     return out.transpose(1, 2)
 
 
+def _decode_in_place(g: AttentionGroup, q, cache: LayerCache, scale: float) -> torch.Tensor | None:
+    """A decode group through the C++ kernel (`layers/decode_kernel.py`), or None where it does not apply: not
+    built, a non-CPU device, a quantized KV store, or a cache dtype other than the compute dtype."""
+    ks, vs = cache["k"], cache["v"]
+    if type(ks) is not PagedTensor or type(vs) is not PagedTensor or q.device.type != "cpu":
+        return None
+    if not (ks.data.dtype == vs.data.dtype == q.dtype):
+        return None
+    kernel = decode_kernel()
+    if kernel is None:
+        return None
+    out = kernel(q[g.tokens], ks.data, vs.data, g.pages, g.context, g.page_size, scale)
+    return out.view(g.batch, 1, q.shape[1], vs.data.shape[-1])
+
+
 def _group_attention(g: AttentionGroup, q, k, v, cache: LayerCache | None, scale: float) -> torch.Tensor:
+    if g.kind is GroupKind.DECODE and g.pages is not None and cache is not None:
+        out = _decode_in_place(g, q, cache, scale)
+        if out is not None:
+            return out
     qg = q[g.tokens].view(g.batch, g.query_len, *q.shape[1:])
     if g.gather_slots is None:
         return _sdpa(qg, k[g.tokens][None], v[g.tokens][None], None, scale, causal=g.query_len > 1)

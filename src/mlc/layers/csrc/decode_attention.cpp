@@ -1,0 +1,220 @@
+// Decode attention over the paged KV cache: one new query token per sequence, its context read in place through
+// the page table (no gather, no padding, no mask). Each (sequence, KV head) is computed whole by one thread in a
+// fixed order, so a sequence's result is the same bit for bit alone or in any batch. Float accumulation; the
+// query, cache and output share one dtype (float, bfloat16 or half). Built at run time by mlc/layers/decode_kernel.py.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t d) {
+  float acc[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    for (int j = 0; j < 16; ++j) acc[j] += q[i + j] * static_cast<float>(k[i + j]);
+  }
+  for (int w = 8; w > 0; w /= 2) {
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+  float s = acc[0];
+  for (; i < d; ++i) s += q[i] * static_cast<float>(k[i]);
+  return s;
+}
+
+// exp(x) for x <= 0 (scores minus their max), in plain float arithmetic that the compiler vectorizes: x = n ln2 + r,
+// exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n through the exponent bits; below -87 it is 0.
+inline float exp_nonpositive(float x) {
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  const float z = r * r;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const int32_t e = static_cast<int32_t>(n < -126.f ? -127.f : n) + 127;
+  float scale;
+  const int32_t bits = e << 23;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.0f ? 0.0f : y * scale;
+}
+
+// a sum in 16 lanes, then the lanes pairwise: a fixed order the compiler can vectorize
+inline float lane_sum(const float* x, int64_t n) {
+  float acc[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+  }
+  for (int w = 8; w > 0; w /= 2) {
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+  float s = acc[0];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#define MLC_AVX512 1
+
+template <typename T>
+inline __m512 load16(const T* p) {  // double: converted one by one
+  alignas(64) float t[16];
+  for (int i = 0; i < 16; ++i) t[i] = static_cast<float>(p[i]);
+  return _mm512_load_ps(t);
+}
+template <>
+inline __m512 load16<float>(const float* p) { return _mm512_loadu_ps(p); }
+template <>
+inline __m512 load16<c10::BFloat16>(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <>
+inline __m512 load16<c10::Half>(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// exp_nonpositive on 16 lanes, the same steps
+inline __m512 exp16(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  const __m512 z = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_add_ps(_mm512_fmadd_ps(y, z, r), _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_max_ps(n, _mm512_set1_ps(-127.f))),
+                                     _mm512_set1_epi32(127));
+  const __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), out);
+}
+#else
+#define MLC_AVX512 0
+#endif
+#define MLC_VEC MLC_AVX512
+
+template <typename T>
+void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages,
+            const at::Tensor& ctx, int64_t page_size, double scale, at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t KV = k.size(1), Dv = v.size(2), P = pages.size(1);
+  const int64_t G = H / KV;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const int64_t* pp = pages.data_ptr<int64_t>();
+  const int64_t* cp = ctx.data_ptr<int64_t>();
+  T* op = out.data_ptr<T>();
+  int64_t longest = 1;
+  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, cp[b]);
+  // small steps run on the calling thread: waking the pool costs more than the work
+  const int64_t grain = std::max<int64_t>(1, 65536 / (longest * H * (D + Dv)));
+  at::parallel_for(0, B * KV, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, qf(G * D), acc(G * Dv), total(G);
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / KV, h = job % KV, L = cp[b];
+      scores.assign(G * L, 0.f);
+      for (int64_t g = 0; g < G; ++g) {
+        const T* qrow = qp + (b * H + h * G + g) * D;
+        for (int64_t i = 0; i < D; ++i) qf[g * D + i] = static_cast<float>(qrow[i]);
+      }
+      const int64_t* table = pp + b * P;
+      const bool vec = MLC_VEC && D % 16 == 0 && Dv % 16 == 0;
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t slot = table[j / page_size] * page_size + j % page_size;
+        const T* krow = kp + (slot * KV + h) * D;
+#if MLC_AVX512
+        if (vec) {
+          for (int64_t g = 0; g < G; ++g) {
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t i = 0; i < D; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(&qf[g * D + i]), load16(krow + i), a);
+            scores[g * L + j] = _mm512_reduce_add_ps(a) * static_cast<float>(scale);
+          }
+          continue;
+        }
+#endif
+        for (int64_t g = 0; g < G; ++g) scores[g * L + j] = dot(&qf[g * D], krow, D) * static_cast<float>(scale);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* s = &scores[g * L];
+        float m = s[0];
+        for (int64_t j = 1; j < L; ++j) m = std::max(m, s[j]);
+        int64_t j = 0;
+#if MLC_AVX512
+        for (; j + 16 <= L; j += 16) {
+          _mm512_storeu_ps(s + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+        }
+#endif
+        for (; j < L; ++j) s[j] = exp_nonpositive(s[j] - m);
+        total[g] = lane_sum(s, L);
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t slot = table[j / page_size] * page_size + j % page_size;
+        const T* vrow = vp + (slot * KV + h) * Dv;
+#if MLC_AVX512
+        if (vec) {
+          for (int64_t i = 0; i < Dv; i += 16) {
+            const __m512 vv = load16(vrow + i);
+            for (int64_t g = 0; g < G; ++g) {
+              float* a = &acc[g * Dv + i];
+              _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * L + j]), vv, _mm512_loadu_ps(a)));
+            }
+          }
+          continue;
+        }
+#endif
+        for (int64_t g = 0; g < G; ++g) {
+          const float w = scores[g * L + j];
+          float* a = &acc[g * Dv];
+          for (int64_t i = 0; i < Dv; ++i) a[i] += w * static_cast<float>(vrow[i]);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const float inv = 1.f / total[g];
+        T* orow = op + (b * H + h * G + g) * Dv;
+        for (int64_t i = 0; i < Dv; ++i) orow[i] = static_cast<T>(acc[g * Dv + i] * inv);
+      }
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages,
+                            const at::Tensor& ctx, int64_t page_size, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [B, H, D], k [S, KV, D], v [S, KV, Dv]");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(), "one dtype for q, k, v");
+  TORCH_CHECK(q.size(1) % k.size(1) == 0 && q.size(2) == k.size(2), "query heads must group over the KV heads");
+  TORCH_CHECK(pages.scalar_type() == at::kLong && ctx.scalar_type() == at::kLong, "int64 page table and lengths");
+  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), pc = pages.contiguous(), cc = ctx.contiguous();
+  auto out = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+    decode<scalar_t>(qc, kc, vc, pc, cc, page_size, scale, out);
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(mlc_kernels, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pages, Tensor ctx, int page_size, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) { m.impl("decode_attention", &decode_attention); }

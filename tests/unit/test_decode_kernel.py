@@ -1,0 +1,90 @@
+"""The C++ decode-attention kernel (`layers/decode_kernel.py`): the SDPA path's result read in place through the
+page table (fp32 to 1e-6, bf16 to its rounding), each sequence bit-identical alone and in any batch, and the
+SDPA path wherever it does not apply (a quantized KV cache, the kernel turned off)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mlc.layers import attention
+from mlc.layers.attention import GroupKind, build_attention_metadata
+from mlc.layers.decode_kernel import decode_kernel
+from mlc.layers.kv_store import PagedTensor
+
+H, KV, D, PAGE = 9, 3, 64, 16
+CONTEXTS = [37, 120, 5, 300, 64, 77, 250, 16, 2]
+
+pytestmark = pytest.mark.skipif(decode_kernel() is None, reason="no C++ compiler: the SDPA path serves")
+
+
+def paged(dtype, contexts, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pages = sum(-(-c // PAGE) for c in contexts) + 1
+    cache = {name: PagedTensor(pages * PAGE, (KV, D), dtype, "cpu") for name in ("k", "v")}
+    for t in cache.values():
+        t.data.copy_(torch.randn(t.data.shape, generator=g))
+    order = (torch.randperm(pages - 1, generator=g) + 1).tolist()  # pages scattered, as after reuse
+    tables, used = [], 0
+    for c in contexts:
+        n = -(-c // PAGE)
+        tables.append(order[used:used + n])
+        used += n
+    q = torch.randn(len(contexts), H, D, generator=g).to(dtype)
+    return q, cache, tables
+
+
+def attend(q, cache, tables, contexts, kernel: bool):
+    meta = build_attention_metadata([1] * len(contexts), contexts, tables, PAGE)
+    assert all(g.kind is GroupKind.DECODE for g in meta.groups)
+    out = torch.empty(len(contexts), H, D, dtype=q.dtype)
+    for g in meta.groups:
+        if kernel:
+            got = attention._decode_in_place(g, q, cache, 0.125)
+            assert got is not None
+        else:
+            g.pages = None  # the SDPA path: gather, pad to KEY_QUANTUM, masked SDPA
+            got = attention._group_attention(g, q, None, None, cache, 0.125)
+        out[g.tokens] = got.reshape(-1, H, D)
+    return out
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1.6e-2)])
+def test_kernel_matches_the_sdpa_path(dtype, tol):
+    q, cache, tables = paged(dtype, CONTEXTS)
+    ours, sdpa = attend(q, cache, tables, CONTEXTS, True), attend(q, cache, tables, CONTEXTS, False)
+    assert (ours.float() - sdpa.float()).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_sequence_is_bit_identical_alone_and_in_any_batch(dtype):
+    q, cache, tables = paged(dtype, CONTEXTS, seed=1)
+    batch = attend(q, cache, tables, CONTEXTS, True)
+    for i, c in enumerate(CONTEXTS):
+        alone = attend(q[i : i + 1], cache, tables[i : i + 1], [c], True)
+        assert torch.equal(alone[0], batch[i]), (i, c)
+    picked = [3, 0, 6]
+    some = attend(q[picked], cache, [tables[i] for i in picked], [CONTEXTS[i] for i in picked], True)
+    assert torch.equal(some, batch[picked])
+
+
+def test_quantized_caches_and_other_dtypes_take_the_sdpa_path():
+    from mlc.layers.kv_quant import QuantizedPagedTensor
+
+    q, cache, tables = paged(torch.bfloat16, [40])
+    meta = build_attention_metadata([1], [40], tables, PAGE)
+    (group,) = meta.groups
+    assert attention._decode_in_place(group, q.float(), cache, 0.125) is None  # cache bf16, compute fp32
+    quantized = {"k": QuantizedPagedTensor.__new__(QuantizedPagedTensor), "v": cache["v"]}
+    assert attention._decode_in_place(group, q, quantized, 0.125) is None
+
+
+def test_turned_off_by_the_environment():
+    code = "from mlc.layers.decode_kernel import kernel_status; print(kernel_status())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MLC_DECODE_KERNEL": "0"})
+    assert out.returncode == 0 and out.stdout.strip() == "torch SDPA (gathered, padded)"
