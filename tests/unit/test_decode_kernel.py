@@ -88,3 +88,22 @@ def test_turned_off_by_the_environment():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "MLC_DECODE_KERNEL": "0"})
     assert out.returncode == 0 and out.stdout.strip() == "torch SDPA (gathered, padded)"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rms_norm_in_one_pass_equals_the_eager_ops_row_by_row(dtype):
+    from mlc.layers.norm import RMSNorm
+
+    norm = RMSNorm(576, 1e-5).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    norm.weight.data.copy_(torch.randn(576, generator=g))
+    x = (torch.randn(9, 576, generator=g) * 3).to(dtype)
+    with torch.inference_mode():
+        ours = norm(x)
+        h = x.float()
+        eager = norm.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+        assert (ours.float() - eager.float()).abs().max().item() <= 2 * torch.finfo(dtype).eps * eager.abs().max()
+        assert all(torch.equal(norm(x[i : i + 1])[0], ours[i]) for i in range(9))  # each row alone
+        assert torch.equal(norm(x.view(3, 3, 576)).view(9, 576), ours)  # any leading shape
+    x.requires_grad_(True)
+    assert norm(x).grad_fn is not None  # training takes the differentiable eager ops

@@ -101,7 +101,17 @@ def run_compare(cfg: CompareConfig, progress=print) -> dict:
         running = []
         for spec in specs:
             progress(f"starting {spec.label}")
-            srv = stack.enter_context(peers.RunningServer(spec))
+            try:
+                srv = stack.enter_context(peers.RunningServer(spec))
+            except peers.ServerStartError as e:
+                if not (e.crashed and spec.label.startswith("llama-server")):
+                    raise
+                retry = peers.without_repacking(spec)
+                notes.append(f"{spec.label} crashed while starting (signal {-e.returncode}, log {spec.log}); it ran "
+                             "with --no-repack instead (its repacked CPU weight layouts crash on this CPU)")
+                progress(notes[-1])
+                spec = retry
+                srv = stack.enter_context(peers.RunningServer(spec))
             result["servers"][spec.label] = {"argv": spec.argv, "startup_s": srv.startup_s, "log": str(spec.log)}
             running.append(srv)
         from mlc.models.tokenizer import load_tokenizer

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from mlc.errors import MlcError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -64,6 +66,27 @@ def _die_with_parent() -> None:
         pass
 
 
+class ServerStartError(MlcError):
+    """A benchmarked server exited, or never became healthy, while starting."""
+
+    def __init__(self, message: str, returncode: int | None = None):
+        super().__init__(message)
+        self.returncode = returncode
+
+    @property
+    def crashed(self) -> bool:
+        return self.returncode is not None and self.returncode < 0  # killed by a signal (SIGSEGV, SIGABRT, ...)
+
+
+def without_repacking(spec: ServerSpec) -> ServerSpec:
+    """llama-server with `--no-repack`: its repacked CPU weight layouts (the AMX path among them) crash at start on
+    some CPUs; the plain layout is what it runs everywhere else."""
+    port = free_port()
+    argv = [*spec.argv, "--no-repack"]
+    argv[argv.index("--port") + 1] = str(port)
+    return ServerSpec(f"{spec.label} --no-repack", argv, port, spec.log.with_name(f"llama-server-{port}.log"))
+
+
 class RunningServer:
     """Context manager: start the server, wait until its health route answers 200, stop it on exit."""
 
@@ -85,7 +108,8 @@ class RunningServer:
         while time.perf_counter() < deadline:
             if self.proc.poll() is not None:
                 tail = self.spec.log.read_text(errors="replace")[-800:]
-                raise RuntimeError(f"{self.spec.label} exited with {self.proc.returncode} while starting:\n{tail}")
+                raise ServerStartError(f"{self.spec.label} exited with {self.proc.returncode} while starting "
+                                       f"(log: {self.spec.log}):\n{tail}", self.proc.returncode)
             try:
                 if httpx.get(self.spec.url + self.spec.health, timeout=2).status_code == 200:
                     self.startup_s = time.perf_counter() - start
@@ -94,7 +118,7 @@ class RunningServer:
                 pass
             time.sleep(0.5)
         self.__exit__(None, None, None)
-        raise RuntimeError(f"{self.spec.label} did not become healthy within {self.timeout:.0f}s; see {self.spec.log}")
+        raise ServerStartError(f"{self.spec.label} did not become healthy within {self.timeout:.0f}s; see {self.spec.log}")
 
     def __exit__(self, *exc) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -211,10 +211,50 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
+// RMSNorm of each row in transformers' order for a 16-bit model: normalize in float, round to the model's dtype,
+// then multiply by the weight (rounded again). One pass per row instead of seven eager ops; each row alone.
+template <typename T>
+void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sq(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(xr[i]);
+        sq[i] = v * v;
+      }
+      const float inv = 1.f / std::sqrt(lane_sum(sq.data(), n) / static_cast<float>(n) + eps);
+      T* o = out + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const T h = static_cast<T>(static_cast<float>(xr[i]) * inv);
+        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
+      }
+    }
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight share one dtype");
+  TORCH_CHECK(x.size(-1) == weight.numel(), "the weight covers the last dimension");
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t n = x.size(-1), rows = n ? xc.numel() / n : 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
+                       static_cast<float>(eps));
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mlc_kernels, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pages, Tensor ctx, int page_size, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
+  m.impl("decode_attention", &decode_attention);
+  m.impl("rms_norm", &rms_norm);
+}
