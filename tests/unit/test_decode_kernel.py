@@ -107,3 +107,15 @@ def test_rms_norm_in_one_pass_equals_the_eager_ops_row_by_row(dtype):
         assert torch.equal(norm(x.view(3, 3, 576)).view(9, 576), ours)  # any leading shape
     x.requires_grad_(True)
     assert norm(x).grad_fn is not None  # training takes the differentiable eager ops
+
+
+def test_a_stale_build_lock_is_removed(tmp_path):
+    """A first build killed midway leaves torch's lock file behind, and torch would wait on it forever."""
+    code = ("import os, time, torch, mlc.layers.decode_kernel as k; from pathlib import Path\n"
+            "build = Path(os.environ['MLC_HOME']) / 'kernels' / f'decode_attention-torch{torch.__version__}-{k._cpu_key()}'\n"
+            "build.mkdir(parents=True); (build / 'lock').touch(); old = time.time() - 3600\n"
+            "os.utime(build / 'lock', (old, old)); print(k.kernel_status())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "MLC_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "C++ paged decode kernel" and "removing the stale build lock" in out.stderr

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ log = logging.getLogger("mlc.layers")
 SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
 # no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one)
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
+STALE_LOCK_S = 600
 _LOCK = threading.Lock()
 _LOADED: dict[str, object] = {}
 
@@ -66,6 +68,10 @@ def _load():
         from torch.utils.cpp_extension import load
 
         build.mkdir(parents=True, exist_ok=True)
+        lock = build / "lock"  # torch waits forever on the lock of a build that was killed; a build takes seconds
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            log.warning("removing the stale build lock %s (a build interrupted earlier)", lock)
+            lock.unlink(missing_ok=True)
         load(name="mlc_decode_attention", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
              build_directory=str(build), is_python_module=False, verbose=False)
         return torch.ops.mlc_kernels.decode_attention
