@@ -39,8 +39,11 @@ def decode_kernel():
 
 
 def rms_norm_kernel():
-    """`torch.ops.mlc_kernels.rms_norm` (16-bit RMSNorm in one pass a row), from the same build; None without it."""
-    return torch.ops.mlc_kernels.rms_norm if decode_kernel() is not None else None
+    """`torch.ops.mlc_kernels.rms_norm` (16-bit RMSNorm in one pass a row), from the same build; None without it.
+    Looked up once: every norm of every layer calls this on each step."""
+    if "rms_norm" not in _LOADED:
+        _LOADED["rms_norm"] = torch.ops.mlc_kernels.rms_norm if decode_kernel() is not None else None
+    return _LOADED["rms_norm"]
 
 
 def kernel_status() -> str:

@@ -203,13 +203,12 @@ def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions, pro
     with handle:
         for line_no, raw in enumerate(handle, start=1):
             done += len(raw)
-            if not raw.strip():
-                stats.blank_lines += 1
-            else:
-                stats.rows_read += 1
+            blank = not raw.strip()
+            stats.blank_lines += blank
+            stats.rows_read += not blank
             if progress:
                 progress(stats.rows_read, done, total)
-            if not raw.strip():
+            if blank:
                 continue
             try:
                 yield line_no, json.loads(raw.decode("utf-8"))
