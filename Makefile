@@ -30,7 +30,7 @@ setup: $(VENV)/.mlc-installed
 
 model: setup
 	$(MLC) models pull $(DEFAULT_MODEL) --quiet
-	@$(PY) -c "from mlc.layers.decode_kernel import kernel_status; print('decode attention:', kernel_status())"
+	@$(PY) -c "from mlc.layers.decode_kernel import kernel_status; print('CPU kernels:', kernel_status())"
 
 test: model
 	$(PY) -m pytest -q tests

@@ -87,7 +87,7 @@ def test_turned_off_by_the_environment():
     code = "from mlc.layers.decode_kernel import kernel_status; print(kernel_status())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "MLC_DECODE_KERNEL": "0"})
-    assert out.returncode == 0 and out.stdout.strip() == "torch SDPA (gathered, padded)"
+    assert out.returncode == 0 and out.stdout.strip().startswith("torch ops (SDPA decode attention")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -118,4 +118,4 @@ def test_a_stale_build_lock_is_removed(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "MLC_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "C++ paged decode kernel" and "removing the stale build lock" in out.stderr
+    assert out.stdout.strip().startswith("C++ kernels (paged decode attention") and "removing the stale build lock" in out.stderr

@@ -18,6 +18,7 @@ from tiny_llama import build_tiny_llama
 
 from mlc.errors import ConfigError, ModelFormatError
 from mlc.layers import quant_kernels as qk
+from mlc.layers import quant_linear
 from mlc.layers.linear import MergedLinear
 from mlc.layers.quant import quantize_model, weight_bytes
 from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear, QuantizedLinear
@@ -153,6 +154,7 @@ def test_missing_kernels_take_the_reference_path(weight, monkeypatch):
     """As on CUDA/NPU or a torch without these ops: same results through pure torch."""
     for probe in ("has_fbgemm_int8", "has_int8pack", "has_int_mm", "has_int4pack", "has_fbgemm_fp16"):
         monkeypatch.setattr(qk, probe, lambda: False)
+    monkeypatch.setattr(quant_linear, "cpu_op", lambda name: None)  # no C++ kernels built
     w, b = weight
     x = torch.randn(2, 128)
     for kind, make in LAYERS.items():

@@ -156,7 +156,7 @@ def run_variant(model: str, variant: Variant, device: str, threads: int, decode_
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
-    net = load_model(model, device)
+    net = load_model(model, device, weight_dtype="fp32")  # float weights (a GGUF's own bit width is a variant too)
     load_s, rss_float = time.perf_counter() - start, rss_mib()
     start = time.perf_counter()
     report = quantize_model(net, variant.weight_dtype, variant.group_size, variant.int8_scheme)

@@ -53,7 +53,7 @@ class ModelRunner:
         if self.device.type == "cpu":  # build (first run on this machine) or load the kernel now, not mid-step
             from mlc.layers.decode_kernel import kernel_status
 
-            log.info("decode attention: %s", kernel_status())
+            log.info("CPU kernels: %s", kernel_status())
 
     def apply_copies(self, copies: list[PageCopy]) -> None:
         ps = self.kv_cache.page_size

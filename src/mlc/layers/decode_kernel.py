@@ -1,12 +1,17 @@
-"""The C++ CPU kernels (`csrc/decode_attention.cpp`). Decode attention: one query per sequence, attending over its
-context read in place through the page table, so a decode step skips the gather, the key padding and the masked
-SDPA; a sequence's result does not depend on its batch (each sequence and KV head is computed whole, in one order).
-RMSNorm for bf16/fp16 models: one pass a row instead of seven eager ops (`layers/norm.py`).
+"""The C++ CPU kernels (`csrc/`), one build:
+
+* decode attention (`decode_attention.cpp`): one query per sequence, attending over its context read in place
+  through the page table, so a decode step skips the gather, the key padding and the masked SDPA; a sequence's
+  result does not depend on its batch (each sequence and KV head is computed whole, in one order);
+* the int4 GEMM (`int4_linear.cpp`, `layers/quant_linear.Int4Linear`): W4A8 with exact integer dot products, each
+  row alone;
+* RMSNorm, RoPE and SiLU x up for 16-bit models (`decode_attention.cpp`, `fused_ops.cpp`): one pass a row instead
+  of several eager ops, with the eager ops' roundings.
 
 It is built once per machine with torch's cpp_extension (the C++ compiler inductor uses too; `-O3 -march=native`)
 into `$MLC_HOME/kernels/`, keyed by torch version and CPU, and loaded from there afterwards. Without a compiler, or
-with `MLC_DECODE_KERNEL=0`, decode attention runs on torch SDPA (`layers/attention.py`), as every non-CPU device
-and every quantized KV cache does.
+with `MLC_DECODE_KERNEL=0`, the torch ops run instead: SDPA (`layers/attention.py`, as every non-CPU device and
+every quantized KV cache does), torch's int4 kernel, the eager elementwise ops.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("mlc.layers")
-SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
-# no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one)
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "int4_linear.cpp",
+                                                              "fused_ops.cpp")]
+# no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one);
+# no contraction of a * b + c into one fma unless the source asks, so the fused ops round as the eager ops do
+FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
 STALE_LOCK_S = 600
 _LOCK = threading.Lock()
 _LOADED: dict[str, object] = {}
@@ -38,17 +45,33 @@ def decode_kernel():
     return _LOADED["op"]
 
 
-def rms_norm_kernel():
-    """`torch.ops.mlc_kernels.rms_norm` (16-bit RMSNorm in one pass a row), from the same build; None without it.
-    Looked up once: every norm of every layer calls this on each step."""
-    if "rms_norm" not in _LOADED:
-        _LOADED["rms_norm"] = torch.ops.mlc_kernels.rms_norm if decode_kernel() is not None else None
-    return _LOADED["rms_norm"]
+def cpu_op(name: str):
+    """`torch.ops.mlc_kernels.<name>` from the same build (rms_norm, int4_linear, rope_neox, silu_mul); None without
+    it. Looked up once: layers call this on every step."""
+    if name not in _LOADED:
+        op = getattr(torch.ops.mlc_kernels, name) if decode_kernel() is not None else None
+        if op is not None and name in _FAKES and not getattr(op.default, "_mlc_fake", False):
+            torch.library.register_fake(f"mlc_kernels::{name}")(_FAKES[name])  # what torch.compile traces
+            op.default._mlc_fake = True
+        _LOADED[name] = op
+    return _LOADED[name]
+
+
+def eager_cpu(*tensors: torch.Tensor) -> bool:
+    """The fused elementwise kernels apply: CPU tensors, eager (not traced by torch.compile), nothing to
+    differentiate (training keeps the eager ops, which autograd knows)."""
+    return (all(t.device.type == "cpu" for t in tensors) and not torch.compiler.is_compiling()
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+
+
+_FAKES = {"int4_linear": lambda x, packed, group: x.new_empty(x.shape[0], packed.shape[0] * 16)}
 
 
 def kernel_status() -> str:
-    """For the startup log and `doctor`: which decode attention this process runs."""
-    return "C++ paged decode kernel" if decode_kernel() is not None else "torch SDPA (gathered, padded)"
+    """For the startup log: which CPU kernels this process runs."""
+    if decode_kernel() is None:
+        return "torch ops (SDPA decode attention, torch's int4 kernel, eager RMSNorm/RoPE/SiLU)"
+    return "C++ kernels (paged decode attention, int4 W4A8 GEMM, RMSNorm, RoPE, SiLU x up)"
 
 
 def _cpu_key() -> str:
@@ -66,7 +89,11 @@ def _load():
         return torch.ops.mlc_kernels.decode_attention
     from mlc.config.paths import mlc_home
 
-    build = mlc_home() / "kernels" / f"decode_attention-torch{torch.__version__}-{_cpu_key()}"
+    # MLC_KERNEL_MARCH: the -march to build for (default native); the tests build haswell (AVX2) and x86-64 (plain
+    # C++) to check that every code path gives the native build's int4 results
+    arch = os.environ.get("MLC_KERNEL_MARCH", "native").strip() or "native"
+    suffix = "" if arch == "native" else f"-{arch}"
+    build = mlc_home() / "kernels" / f"decode_attention-torch{torch.__version__}-{_cpu_key()}{suffix}"
     try:
         from torch.utils.cpp_extension import load
 
@@ -75,11 +102,11 @@ def _load():
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             log.warning("removing the stale build lock %s (a build interrupted earlier)", lock)
             lock.unlink(missing_ok=True)
-        load(name="mlc_decode_attention", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-             build_directory=str(build), is_python_module=False, verbose=False)
+        load(name="mlc_decode_attention", sources=[str(p) for p in SOURCES], extra_cflags=[f"-march={arch}", *FLAGS],
+             extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
         return torch.ops.mlc_kernels.decode_attention
     except Exception as e:  # no compiler, a read-only home, an unsupported platform: SDPA serves
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
-        log.warning("the C++ decode-attention kernel is not available (%s); decode attention runs on torch SDPA. "
-                    "Install a C++ compiler (g++) to build it, or set MLC_DECODE_KERNEL=0 to skip trying", reason)
+        log.warning("the C++ CPU kernels are not available (%s); torch's ops run instead (slower). "
+                    "Install a C++ compiler (g++) to build them, or set MLC_DECODE_KERNEL=0 to skip trying", reason)
         return None

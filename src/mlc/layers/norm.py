@@ -6,14 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlc.layers.decode_kernel import rms_norm_kernel
+from mlc.layers.decode_kernel import cpu_op, eager_cpu
 
 
 def _one_pass(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The C++ RMSNorm applies: 16-bit CPU tensors of one dtype, eager, nothing to differentiate."""
-    return (x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and x.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+    return x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype and eager_cpu(x, weight)
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +24,7 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op, same math in fp32
         if _one_pass(x, self.weight):
-            kernel = rms_norm_kernel()
+            kernel = cpu_op("rms_norm")
             if kernel is not None:
                 return kernel(x, self.weight, self.eps)
         dtype = x.dtype

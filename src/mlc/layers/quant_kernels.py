@@ -58,6 +58,27 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
 
 
+def pack_int4_tiles(q: torch.Tensor, scale_zeros: torch.Tensor, group: int) -> torch.Tensor:
+    """int values 0..15 `[N, K]` and their scale_zeros `[K/g, N, 2]` -> the C++ int4 kernel's layout, uint8
+    `[N/16, K/g, 8 g + 64]`: one stream per 16 output columns, group after group, each group its codes then its 16
+    (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte `4 j + i` holds column j's input i (low nibble) and input
+    4 + i (high nibble)."""
+    n, k = q.shape
+    q5 = q.to(torch.uint8).view(n // 16, 16, k // 8, 2, 4)  # [tile, column, chunk, half, input]
+    codes = (q5[:, :, :, 0] | (q5[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(n // 16, k // group, group * 8)
+    pairs = scale_zeros.view(k // group, n // 16, 16 * 2).transpose(0, 1).contiguous().view(torch.uint8)
+    return torch.cat((codes, pairs), dim=2).contiguous()
+
+
+def unpack_int4_tiles(tiles: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int4_tiles`: (uint8 values `[N, K]`, scale_zeros `[K/g, N, 2]`)."""
+    t, groups, _ = tiles.shape
+    b = tiles[:, :, : group * 8].reshape(t, groups * group // 8, 16, 4)
+    q = torch.stack((b & 0xF, b >> 4), dim=3).permute(0, 2, 1, 3, 4).reshape(t * 16, groups * group)
+    pairs = tiles[:, :, group * 8:].contiguous().view(INT4_SCALE_DTYPE).view(t, groups, 16, 2)
+    return q, pairs.transpose(0, 1).reshape(groups, t * 16, 2).contiguous()
+
+
 def dequantize_int4(packed: torch.Tensor, scale_zeros: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
     q = unpack_int4(packed).float()
     n, k = q.shape

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mlc.errors import ModelFormatError
+from mlc.layers.decode_kernel import cpu_op, eager_cpu
 
 # Rope types whose frequencies do not depend on the sequence length (those we can table once).
 STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
@@ -71,6 +72,16 @@ class RotaryEmbedding(nn.Module):
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_neox_fused(qkv: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor):
+    """`apply_rope_neox` over the first `heads` heads of a fused `[T, width]` projection, as `[T, heads, head_dim]`:
+    one C++ pass on the CPU (the same roundings), else the eager ops."""
+    if cos.shape[-1] == head_dim and qkv.stride(-1) == 1 and cos.dtype == qkv.dtype and eager_cpu(qkv, cos, sin):
+        op = cpu_op("rope_neox")
+        if op is not None:
+            return op(qkv, cos, sin, heads, head_dim)
+    return apply_rope_neox(qkv[:, : heads * head_dim].view(qkv.shape[0], heads, head_dim), cos, sin)
 
 
 def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

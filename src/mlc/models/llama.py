@@ -13,7 +13,7 @@ from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import Linear, MergedLinear, split_evenly
 from mlc.layers.mlp import GatedMLP
 from mlc.layers.norm import RMSNorm
-from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_parameters
+from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_neox_fused, rope_parameters
 from mlc.layers.weight_target import WeightTarget
 from mlc.models.base import CausalLM, Embedding
 
@@ -76,13 +76,17 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(q, cfg.hidden_size, bias=bias if self.o_proj_bias is None else self.o_proj_bias,
                              parallel="row", what="number of attention heads x head_dim")
         self.scale = self.head_dim**-0.5
+        self.fused_rope = type(self).rotate is LlamaAttention.rotate  # a subclass's own rotary runs as written
 
     def forward(self, x, cos, sin, cache: LayerCache | None, meta: AttentionMetadata) -> torch.Tensor:
         t, h, d = x.shape[0], self.num_heads, self.head_dim
         qkv = self.qkv_proj(x)
         split = (h + self.num_kv_heads) * d
         # q and k are adjacent in the fused output, so one rotary call covers both
-        qk = self.rotate(qkv[:, :split].view(t, h + self.num_kv_heads, d), cos, sin)
+        if self.fused_rope:
+            qk = rope_neox_fused(qkv, h + self.num_kv_heads, d, cos, sin)
+        else:
+            qk = self.rotate(qkv[:, :split].view(t, h + self.num_kv_heads, d), cos, sin)
         v = qkv[:, split:].view(t, self.num_kv_heads, d)
         o = attend(qk[:, :h], qk[:, h:], v, cache, meta, self.scale, self.layer_idx)
         return reduce_from_tp(self.o_proj(o.reshape(t, -1)))

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
 template <typename T>
@@ -28,26 +30,6 @@ inline float dot(const float* q, const T* k, int64_t d) {
   float s = acc[0];
   for (; i < d; ++i) s += q[i] * static_cast<float>(k[i]);
   return s;
-}
-
-// exp(x) for x <= 0 (scores minus their max), in plain float arithmetic that the compiler vectorizes: x = n ln2 + r,
-// exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n through the exponent bits; below -87 it is 0.
-inline float exp_nonpositive(float x) {
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  const float z = r * r;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * z + r + 1.0f;
-  const int32_t e = static_cast<int32_t>(n < -126.f ? -127.f : n) + 127;
-  float scale;
-  const int32_t bits = e << 23;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : y * scale;
 }
 
 // a sum in 16 lanes, then the lanes pairwise: a fixed order the compiler can vectorize
@@ -87,25 +69,6 @@ inline __m512 load16<c10::Half>(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// exp_nonpositive on 16 lanes, the same steps
-inline __m512 exp16(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  const __m512 z = _mm512_mul_ps(r, r);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_add_ps(_mm512_fmadd_ps(y, z, r), _mm512_set1_ps(1.0f));
-  const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_max_ps(n, _mm512_set1_ps(-127.f))),
-                                     _mm512_set1_epi32(127));
-  const __m512 out = _mm512_mul_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ), out);
-}
 #else
 #define MLC_AVX512 0
 #endif
@@ -160,10 +123,10 @@ void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         int64_t j = 0;
 #if MLC_AVX512
         for (; j + 16 <= L; j += 16) {
-          _mm512_storeu_ps(s + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+          _mm512_storeu_ps(s + j, mlc::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
         }
 #endif
-        for (; j < L; ++j) s[j] = exp_nonpositive(s[j] - m);
+        for (; j < L; ++j) s[j] = mlc::exp_nonpositive(s[j] - m);
         total[g] = lane_sum(s, L);
       }
       std::fill(acc.begin(), acc.end(), 0.f);

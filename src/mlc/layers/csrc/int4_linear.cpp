@@ -1,0 +1,253 @@
+// Group-wise int4 linear layer on the CPU: y = x W^T with W ~= (q - 8) * scale + zero per group of inputs.
+//
+// Each row of x is quantized per block of 32 inputs to two int8 digits, x ~= d / 256 * (256 a + a2): a = round(x / d)
+// with d = max|x| / 127, and a2 the rounded remainder in steps of d / 256. That is about 16 bits a value (the
+// remainder is at most d / 512), finer than bf16 for all but a block's tiny values. A block's dot product with the
+// int4 codes, 256 dot(q, a) + dot(q, a2), is an exact integer below 2^24 (VNNI dpbusd, AVX2 maddubs, or plain C++:
+// the same integer), then folded into a float accumulator in a fixed order:
+//   y += (d / 256) * (scale_g * dot + (zero_g - 8 * scale_g) * sum(256 a + a2)).
+// A row's result therefore depends on that row alone, never on the batch it is in or how the work is split.
+//
+// Weight layout (`pack_int4_tiles` in mlc/layers/quant_kernels.py): uint8 [N/16, K/group, group * 8 + 64], one
+// stream per tile of 16 output columns, group after group. A group is group/8 chunks of 64 bytes, then its 16 columns'
+// (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte 4 * j + i holds column j's input i in its low nibble and
+// input 4 + i in its high nibble.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // inputs per activation scale
+constexpr int64_t kCols = 16;   // output columns per weight tile
+constexpr int64_t kRows = 4;    // rows that share one pass over a weight tile
+// Weights stream from memory once a token; the hardware prefetcher stops at each 4 KiB page, so each load asks for
+// the line 4 KiB ahead (the next tiles of the same thread follow contiguously). About 1.3x at batch 1 here.
+constexpr int64_t kPrefetch = 4096;
+
+struct Quantized {  // the activations: both digits' int8 codes, and per block the scale d / 256 and sum(256 a + a2)
+  const int8_t* codes;
+  const int8_t* low;
+  const float* scale;
+  const float* sum;
+};
+
+inline float bf16_bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum) {
+  const int64_t blocks = K / kBlock;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
+    float v[kBlock];
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const T* xb = x + r * K + b * kBlock;
+        float amax = 0.f;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          v[i] = static_cast<float>(xb[i]);
+          amax = std::max(amax, std::fabs(v[i]));
+        }
+        const float d = amax / 127.f;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        int8_t* c = codes + r * K + b * kBlock;
+        int8_t* c2 = low + r * K + b * kBlock;
+        int32_t s = 0;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
+          const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
+          c[i] = static_cast<int8_t>(q);
+          c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
+          s += 256 * c[i] + c2[i];
+        }
+        scale[r * blocks + b] = d * (1.f / 256.f);
+        sum[r * blocks + b] = static_cast<float>(s);
+      }
+    }
+  });
+}
+
+// The float fold of one block for one output column, shared by every path so they agree bit for bit.
+inline float fold(float acc, int32_t dot, float s, float z, float d, float asum) {
+  const float zadj = std::fma(-8.f, s, z);
+  return std::fma(std::fma(static_cast<float>(dot), s, zadj * asum), d, acc);
+}
+
+// Rows [m0, m0 + R) against one tile of 16 columns (`w`, the tile's packed groups), written as float to
+// y[r * ldy + column].
+template <int R>
+void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int64_t ldy, int64_t group, float* y) {
+  const int64_t blocks = K / kBlock, per_group = group / kBlock, group_bytes = group * 8 + 64;
+  // block b's chunk c of 8 inputs, and the scale/zero pairs of the group holding block b
+  auto chunk = [&](int64_t b, int64_t c) { return w + (b / per_group) * group_bytes + (b % per_group) * 256 + c * 64; };
+  auto pairs = [&](int64_t b) { return reinterpret_cast<const uint32_t*>(w + (b / per_group) * group_bytes + group * 8); };
+  // the 4 + 4 activation codes (both digits) that meet chunk c of block b in row r
+  auto codes = [&](const int8_t* base, int r, int64_t b, int64_t c, int half) {
+    int32_t v;
+    std::memcpy(&v, base + (m0 + r) * K + b * kBlock + c * 8 + 4 * half, 4);
+    return v;
+  };
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512i hi16 = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t b = 0; b < blocks; ++b) {
+    // integer sums are exact in any order: one accumulator per digit and nibble keeps the dpbusd chains short
+    __m512i part[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < 4; ++p) part[r][p] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < kBlock / 8; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(chunk(b, c)) + kPrefetch, _MM_HINT_T0);
+      const __m512i packed = _mm512_loadu_si512(chunk(b, c));
+      const __m512i nibbles[2] = {_mm512_and_si512(packed, nib), _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib)};
+      for (int r = 0; r < R; ++r) {
+        for (int h = 0; h < 2; ++h) {
+          part[r][h] = _mm512_dpbusd_epi32(part[r][h], nibbles[h], _mm512_set1_epi32(codes(a.codes, r, b, c, h)));
+          part[r][2 + h] = _mm512_dpbusd_epi32(part[r][2 + h], nibbles[h], _mm512_set1_epi32(codes(a.low, r, b, c, h)));
+        }
+      }
+    }
+    const __m512i pair = _mm512_loadu_si512(pairs(b));
+    const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+    const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pair, hi16));
+    const __m512 zadj = _mm512_fmadd_ps(_mm512_set1_ps(-8.f), s, z);
+    for (int r = 0; r < R; ++r) {
+      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(part[r][0], part[r][1]), 8),
+                                           _mm512_add_epi32(part[r][2], part[r][3]));
+      const int64_t at = (m0 + r) * blocks + b;
+      const __m512 u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, _mm512_mul_ps(zadj, _mm512_set1_ps(a.sum[at])));
+      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(a.scale[at]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const __m256i nib = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i hi16 = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  // u8 x s8 pairs summed to int16 (at most 2 * 15 * 127, no saturation), then pairs of those to int32
+  auto dot4 = [&](__m256i w4, int32_t a4) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w4, _mm256_set1_epi32(a4)), ones); };
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i high[R][2], low[R][2];  // per digit, per 8 columns
+    for (int r = 0; r < R; ++r) high[r][0] = high[r][1] = low[r][0] = low[r][1] = _mm256_setzero_si256();
+    for (int64_t c = 0; c < kBlock / 8; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(chunk(b, c)) + kPrefetch, _MM_HINT_T0);
+      for (int half = 0; half < 2; ++half) {
+        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk(b, c) + half * 32));
+        const __m256i nibbles[2] = {_mm256_and_si256(packed, nib), _mm256_and_si256(_mm256_srli_epi16(packed, 4), nib)};
+        for (int r = 0; r < R; ++r) {
+          for (int h = 0; h < 2; ++h) {
+            high[r][half] = _mm256_add_epi32(high[r][half], dot4(nibbles[h], codes(a.codes, r, b, c, h)));
+            low[r][half] = _mm256_add_epi32(low[r][half], dot4(nibbles[h], codes(a.low, r, b, c, h)));
+          }
+        }
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs(b) + half * 8));
+      const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+      const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(pair, hi16));
+      const __m256 zadj = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), s, z);
+      for (int r = 0; r < R; ++r) {
+        const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(high[r][half], 8), low[r][half]);
+        const int64_t at = (m0 + r) * blocks + b;
+        const __m256 u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, _mm256_mul_ps(zadj, _mm256_set1_ps(a.sum[at])));
+        acc[r][half] = _mm256_fmadd_ps(u, _mm256_set1_ps(a.scale[at]), acc[r][half]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(y + r * ldy, acc[r][0]);
+    _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+  }
+#else
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < kCols; ++j) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t high = 0, low = 0;
+        for (int64_t c = 0; c < kBlock / 8; ++c) {
+          const uint8_t* wb = chunk(b, c) + 4 * j;
+          const int8_t* ar = a.codes + (m0 + r) * K + b * kBlock + c * 8;
+          const int8_t* lr = a.low + (m0 + r) * K + b * kBlock + c * 8;
+          for (int i = 0; i < 4; ++i) {
+            high += (wb[i] & 0x0F) * ar[i] + (wb[i] >> 4) * ar[4 + i];
+            low += (wb[i] & 0x0F) * lr[i] + (wb[i] >> 4) * lr[4 + i];
+          }
+        }
+        const uint32_t pair = pairs(b)[j];
+        const int64_t at = (m0 + r) * blocks + b;
+        acc = fold(acc, 256 * high + low, bf16_bits_to_float(pair << 16), bf16_bits_to_float(pair & 0xFFFF0000u),
+                   a.scale[at], a.sum[at]);
+      }
+      y[r * ldy + j] = acc;
+    }
+  }
+#endif
+}
+
+template <typename T>
+inline void store_row(T* out, const float* v, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(v[j]);  // round to nearest even, as Tensor.to does
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t group) {
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
+  TORCH_CHECK(group > 0 && group % kBlock == 0, "the group size must be a multiple of 32");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == group * 8 + 64 && packed.scalar_type() == at::kByte,
+              "packed weights must be uint8 [N/16, K/group, group * 8 + 64]");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * kCols;
+  TORCH_CHECK(packed.size(1) * group == K, "packed weights cover ", packed.size(1) * group, " inputs, x has ", K);
+  auto xc = x.contiguous(), wc = packed.contiguous();
+  const int64_t blocks = K / kBlock;
+  // one workspace: per-block scales and sums (float), then both digits' int8 codes
+  auto work = at::empty({M * (2 * blocks * 4 + 2 * K)}, x.options().dtype(at::kByte));
+  float* scale = reinterpret_cast<float*>(work.data_ptr<uint8_t>());
+  float* sum = scale + M * blocks;
+  int8_t* codes = reinterpret_cast<int8_t*>(sum + M * blocks);
+  int8_t* low = codes + M * K;
+  auto y = at::empty({M, N}, x.options());
+  const uint8_t* w = wc.data_ptr<uint8_t>();
+  const int64_t tile_bytes = packed.size(1) * packed.size(2), tiles = N / kCols, row_blocks = (M + 63) / 64;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int4_linear", [&] {
+    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum);
+    const Quantized a{codes, low, scale, sum};
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    // one work item: 64 rows against one tile, so a thread keeps its tile's weights in L1 across those rows
+    at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t begin, int64_t end) {
+      float buf[64 * kCols];
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t rb = item / tiles, t = item % tiles;
+        const uint8_t* wt = w + t * tile_bytes;
+        const int64_t first = rb * 64, stop = std::min(M, first + 64);
+        int64_t m = first;  // buf holds rows [first, stop) of this tile, kCols floats each
+        for (; m + kRows <= stop; m += kRows) tile_rows<kRows>(a, m, wt, K, kCols, group, buf + (m - first) * kCols);
+        for (; m < stop; ++m) tile_rows<1>(a, m, wt, K, kCols, group, buf + (m - first) * kCols);
+        for (m = first; m < stop; ++m) store_row(yp + m * N + t * kCols, buf + (m - first) * kCols, kCols);
+      }
+    });
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mlc_kernels, m) {
+  m.def("int4_linear(Tensor x, Tensor packed, int group) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) { m.impl("int4_linear", &int4_linear); }

@@ -1,0 +1,200 @@
+"""The C++ CPU kernels besides decode attention (`layers/csrc/int4_linear.cpp`, `fused_ops.cpp`):
+
+* the int4 GEMM equals its definition (activations as two int8 digits per 32 inputs, exact integer dots, a float
+  fold) and the dequantized float matmul to the output's rounding; every row is bit-identical alone and in any
+  batch, and every code path (AVX-512 VNNI, AVX2, plain C++) gives the same bits;
+* its packed layout round-trips and `Int4Linear` reads its weights back exactly;
+* the fused RoPE and SiLU x up round as the eager ops do (bit for bit in bf16), and training keeps the eager ops.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mlc.layers import quant_kernels as qk
+from mlc.layers.activation import silu_and_mul
+from mlc.layers.decode_kernel import cpu_op
+from mlc.layers.quant_linear import Int4Linear
+from mlc.layers.rotary import apply_rope_neox, rope_neox_fused
+
+pytestmark = pytest.mark.skipif(cpu_op("int4_linear") is None, reason="no C++ compiler: torch's kernels serve")
+
+
+def int4_weights(n, k, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, scale_zeros = qk.quantize_int4(torch.randn(n, k, generator=g) * 0.05, group)
+    return q, scale_zeros, qk.pack_int4_tiles(q, scale_zeros, group)
+
+
+def int4_definition(x, q, scale_zeros, group):
+    """What the kernel computes, in float64 from the same integer codes: per block of 32 inputs, x as two int8
+    digits d / 256 * (256 a + a2) (d = max|x| / 127), dotted with the dequantized weights."""
+    m, k = x.shape
+    xb = x.float().view(m, k // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    d = amax / 127
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    a = torch.round(xb * inv).clamp(-127, 127)
+    a2 = torch.round((xb - a * d) * (256 * inv)).clamp(-127, 127)
+    codes = (256 * a + a2).double()
+    w = qk.dequantize_int4(qk.pack_int4(q), scale_zeros, group, torch.float64)
+    wb = w.view(w.shape[0], k // 32, 32)
+    return torch.einsum("mbi,nbi,mb->mn", codes, wb, (d / 256).squeeze(-1).double())
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int4_gemm_equals_its_definition(group, dtype):
+    n, k = 48, 256
+    q, sz, packed = int4_weights(n, k, group)
+    x = (torch.randn(70, k, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
+    y = cpu_op("int4_linear")(x, packed, group)
+    assert y.dtype == dtype and y.shape == (70, n)
+    want = int4_definition(x, q, sz, group)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]  # the output's rounding
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < tol
+    exact = x.double() @ qk.dequantize_int4(qk.pack_int4(q), sz, group, torch.float64).t()
+    # about 16-bit activations: what is left is the output's rounding
+    assert ((y.double() - exact).norm() / exact.norm()).item() < {torch.float32: 1e-4, torch.bfloat16: 5e-3,
+                                                                  torch.float16: 1e-3}[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_gemm_rows_are_bit_identical_alone_and_in_any_batch(dtype):
+    """70 rows cross the kernel's 4-row and 64-row blocks; each row must not notice."""
+    _, _, packed = int4_weights(96, 576, 32)
+    x = torch.randn(70, 576, generator=torch.Generator().manual_seed(2)).to(dtype)
+    op = cpu_op("int4_linear")
+    whole = op(x, packed, 32)
+    assert all(torch.equal(op(x[i : i + 1], packed, 32)[0], whole[i]) for i in range(70))
+    assert torch.equal(op(x[5:13], packed, 32), whole[5:13])
+    assert torch.equal(op(x.flip(0), packed, 32).flip(0), whole)
+
+
+def test_int4_gemm_zero_rows_and_bad_shapes():
+    _, _, packed = int4_weights(32, 64, 32)
+    op = cpu_op("int4_linear")
+    assert torch.equal(op(torch.zeros(3, 64), packed, 32), torch.zeros(3, 32))
+    assert op(torch.zeros(0, 64), packed, 32).shape == (0, 32)
+    with pytest.raises(RuntimeError, match="inputs"):
+        op(torch.zeros(2, 96), packed, 32)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        op(torch.zeros(2, 64), packed, 48)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_packed_layout_round_trips_and_the_layer_reads_its_weights_back(group):
+    q, sz, packed = int4_weights(64, 512, group)
+    assert packed.shape == (4, 512 // group, group * 8 + 64)
+    back_q, back_sz = qk.unpack_int4_tiles(packed, group)
+    assert torch.equal(back_q, q.to(torch.uint8)) and torch.equal(back_sz, sz)
+    w = torch.randn(64, 512, generator=torch.Generator().manual_seed(4)) * 0.05
+    layer = Int4Linear(w, group_size=group)
+    assert layer.kernel == "mlc-w4a8" and layer.scale_zeros is None
+    q, sz = qk.quantize_int4(w, group)
+    assert torch.equal(layer.dequantized(), qk.dequantize_int4(qk.pack_int4(q), sz, group, torch.float32))
+    assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then a bf16 pair per group and row
+
+
+def rope_tables(t, d, dtype, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 8192, (t,), generator=g).float()
+    freqs = pos[:, None] * (10000 ** (-torch.arange(0, d, 2).float() / d))[None]
+    emb = torch.cat((freqs, freqs), -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 5, 40])
+def test_fused_rope_is_the_eager_rope_bit_for_bit(dtype, tokens):
+    heads, kv, d = 9, 3, 64
+    qkv = (torch.randn(tokens, (heads + 2 * kv) * d, generator=torch.Generator().manual_seed(6)) * 3).to(dtype)
+    cos, sin = rope_tables(tokens, d, dtype)
+    eager = apply_rope_neox(qkv[:, : (heads + kv) * d].view(tokens, heads + kv, d), cos, sin)
+    with torch.inference_mode():
+        assert torch.equal(rope_neox_fused(qkv, heads + kv, d, cos, sin), eager)
+
+
+def test_partial_rotary_and_training_keep_the_eager_rope():
+    qkv = torch.randn(3, 4 * 64, requires_grad=True)
+    cos, sin = rope_tables(3, 64, torch.float32)
+    out = rope_neox_fused(qkv, 2, 64, cos, sin)
+    assert out.grad_fn is not None  # autograd sees the eager ops
+    half_cos, half_sin = cos[:, :32], sin[:, :32]  # partial rotary: eager only
+    with torch.no_grad():
+        assert torch.equal(rope_neox_fused(qkv, 2, 64, half_cos, half_sin),
+                           apply_rope_neox(qkv[:, :128].view(3, 2, 64), half_cos, half_sin))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_silu_mul_rounds_as_the_eager_ops(dtype):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(33, 2 * 1536, generator=g) * 4).to(dtype)
+    x[0, :8] = torch.tensor([0.0, -0.0, 80.0, -80.0, 1e-3, -1e-3, 20.0, -20.0]).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    eager = F.silu(gate) * up
+    with torch.inference_mode():
+        fused = silu_and_mul(x)
+    if dtype == torch.bfloat16:
+        assert torch.equal(fused, eager)
+    else:  # the exp may differ from torch's in a float's last bit, which a half's two roundings can carry
+        bound = 2 * torch.finfo(dtype).eps * eager.float().abs() + torch.finfo(dtype).smallest_normal
+        assert ((fused.float() - eager.float()).abs() <= bound).all()
+        assert (fused != eager).float().mean() < 1e-3
+    assert torch.equal(silu_and_mul(x[3:4]), fused[3:4])  # each row alone
+
+
+def test_fp32_and_training_keep_the_eager_silu():
+    x = torch.randn(4, 64)
+    gate, up = x.chunk(2, dim=-1)
+    assert torch.equal(silu_and_mul(x), F.silu(gate) * up)
+    y = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
+    assert silu_and_mul(y).grad_fn is not None
+
+
+CROSS_ARCH = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from unit.test_cpu_kernels import cross_arch_outputs
+torch.save(cross_arch_outputs(), {out!r})
+"""
+
+
+def cross_arch_outputs() -> dict[str, torch.Tensor]:
+    """The int4 GEMM and the fused ops on fixed inputs (what every build must agree on)."""
+    g = torch.Generator().manual_seed(8)
+    out = {}
+    for group in (32, 64):
+        _, _, packed = int4_weights(48, 256, group)
+        x = torch.randn(9, 256, generator=g)
+        for dtype in (torch.float32, torch.bfloat16):
+            out[f"int4-g{group}-{dtype}"] = cpu_op("int4_linear")(x.to(dtype), packed, group)
+    qkv = (torch.randn(5, 15 * 64, generator=g) * 3).to(torch.bfloat16)
+    cos, sin = rope_tables(5, 64, torch.bfloat16)
+    out["rope"] = cpu_op("rope_neox")(qkv, cos, sin, 12, 64)
+    out["silu"] = cpu_op("silu_mul")((torch.randn(5, 512, generator=g) * 4).to(torch.bfloat16))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 code paths")
+@pytest.mark.parametrize("arch", ["haswell", "x86-64"], ids=["avx2", "plain-cpp"])
+def test_every_code_path_gives_the_native_results(arch, tmp_path):
+    """The AVX-512 VNNI, AVX2 and plain C++ paths sum the same integers and fold them in the same order: a model
+    gives the same tokens whichever CPU it runs on. Each arch is a separate build (about a minute)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "outputs.pt"
+    code = CROSS_ARCH.format(tests=str(Path(__file__).resolve().parents[1]), out=str(out))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "MLC_KERNEL_MARCH": arch})
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs, ours = torch.load(out), cross_arch_outputs()
+    assert theirs.keys() == ours.keys()
+    for name in ours:
+        assert torch.equal(theirs[name], ours[name]), name
