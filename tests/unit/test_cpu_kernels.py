@@ -3,7 +3,7 @@
 * the int4 GEMM equals its definition (activations as two int8 digits per 32 inputs, exact integer dots, a float
   fold) and the dequantized float matmul to the output's rounding; every row is bit-identical alone and in any
   batch, and every code path (AVX-512 VNNI, AVX2, plain C++) gives the same bits;
-* its packed layout round-trips and `Int4Linear` reads its weights back exactly;
+* its packed layout round-trips and `Int4Linear` reads its weights back exactly; the same for the int8 GEMM;
 * the fused RoPE and SiLU x up round as the eager ops do (bit for bit in bf16), and training keeps the eager ops.
 """
 
@@ -28,9 +28,9 @@ def int4_weights(n, k, group, seed=0):
     return q, scale_zeros, qk.pack_int4_tiles(q, scale_zeros, group)
 
 
-def int4_definition(x, q, scale_zeros, group):
-    """What the kernel computes, in float64 from the same integer codes: per block of 32 inputs, x as two int8
-    digits d / 256 * (256 a + a2) (d = max|x| / 127), dotted with the dequantized weights."""
+def two_digits(x):
+    """The kernels' activations: per block of 32 inputs, the integer 256 a + a2 and d / 256 (float64), where
+    a = round(x / d) with d = max|x| / 127 and a2 the rounded remainder in steps of d / 256."""
     m, k = x.shape
     xb = x.float().view(m, k // 32, 32)
     amax = xb.abs().amax(-1, keepdim=True)
@@ -38,10 +38,15 @@ def int4_definition(x, q, scale_zeros, group):
     inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
     a = torch.round(xb * inv).clamp(-127, 127)
     a2 = torch.round((xb - a * d) * (256 * inv)).clamp(-127, 127)
-    codes = (256 * a + a2).double()
+    return (256 * a + a2).double(), (d / 256).squeeze(-1).double()
+
+
+def int4_definition(x, q, scale_zeros, group):
+    """What the int4 kernel computes, in float64 from the same integer codes: the two-digit activations dotted with
+    the dequantized weights, block by block."""
+    codes, d = two_digits(x)
     w = qk.dequantize_int4(qk.pack_int4(q), scale_zeros, group, torch.float64)
-    wb = w.view(w.shape[0], k // 32, 32)
-    return torch.einsum("mbi,nbi,mb->mn", codes, wb, (d / 256).squeeze(-1).double())
+    return torch.einsum("mbi,nbi,mb->mn", codes, w.view(w.shape[0], -1, 32), d)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -96,6 +101,37 @@ def test_packed_layout_round_trips_and_the_layer_reads_its_weights_back(group):
     q, sz = qk.quantize_int4(w, group)
     assert torch.equal(layer.dequantized(), qk.dequantize_int4(qk.pack_int4(q), sz, group, torch.float32))
     assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then a bf16 pair per group and row
+
+
+def int8_weights(n, k, seed=0):
+    q, scale = qk.quantize_int8(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+    return q, scale, qk.pack_int8_tiles(q, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_gemm_equals_its_definition_and_each_row_is_alone(dtype):
+    q, scale, packed = int8_weights(64, 192)
+    x = (torch.randn(70, 192, generator=torch.Generator().manual_seed(9)) * 2).to(dtype)
+    op = cpu_op("int8_linear")
+    y = op(x, packed)
+    codes, d = two_digits(x)
+    want = torch.einsum("mbi,nbi,mb->mn", codes, q.double().view(64, 6, 32), d) * scale.double()
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3}[dtype]
+    assert ((y.double() - want).abs().max() / want.abs().max()).item() < tol
+    assert all(torch.equal(op(x[i : i + 1], packed)[0], y[i]) for i in range(70))
+    back_q, back_scale = qk.unpack_int8_tiles(packed)
+    assert torch.equal(back_q, q) and torch.equal(back_scale, scale)
+
+
+def test_int8_layer_picks_the_kernel_and_reads_its_weights_back():
+    from mlc.layers.quant_linear import Int8Linear
+
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(10)) * 0.05
+    layer = Int8Linear(w, scheme="w8a8")
+    assert layer.kernel == "mlc-w8a8" and layer.weight_bytes() == 96 * (128 + 4)
+    q, scale = qk.quantize_int8(w)
+    assert torch.equal(layer.dequantized(), qk.dequantize_int8(q, scale, torch.float32))
+    assert Int8Linear(torch.randn(24, 128) * 0.05, scheme="w8a8").kernel != "mlc-w8a8"  # 24 rows: not 16-aligned
 
 
 def rope_tables(t, d, dtype, seed=5):
@@ -163,7 +199,7 @@ torch.save(cross_arch_outputs(), {out!r})
 
 
 def cross_arch_outputs() -> dict[str, torch.Tensor]:
-    """The int4 GEMM and the fused ops on fixed inputs (what every build must agree on)."""
+    """The int4 and int8 GEMMs and the fused ops on fixed inputs (what every build must agree on)."""
     g = torch.Generator().manual_seed(8)
     out = {}
     for group in (32, 64):
@@ -171,6 +207,10 @@ def cross_arch_outputs() -> dict[str, torch.Tensor]:
         x = torch.randn(9, 256, generator=g)
         for dtype in (torch.float32, torch.bfloat16):
             out[f"int4-g{group}-{dtype}"] = cpu_op("int4_linear")(x.to(dtype), packed, group)
+    _, _, packed8 = int8_weights(32, 128)
+    x = torch.randn(9, 128, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        out[f"int8-{dtype}"] = cpu_op("int8_linear")(x.to(dtype), packed8)
     qkv = (torch.randn(5, 15 * 64, generator=g) * 3).to(torch.bfloat16)
     cos, sin = rope_tables(5, 64, torch.bfloat16)
     out["rope"] = cpu_op("rope_neox")(qkv, cos, sin, 12, 64)

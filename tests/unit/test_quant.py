@@ -93,12 +93,16 @@ def test_w8a8_scales_activations_per_token(weight):
         assert rel_err(y[row], F.linear(x[row], w)) < BOUNDS["int8-w8a8"]
 
 
-@pytest.mark.parametrize("scheme,kernel,available", [("w8a8", "fbgemm-w8a8", qk.has_fbgemm_int8),
-                                                     ("w8a8i", "int_mm-w8a8", qk.has_int_mm)])
-def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight, scheme, kernel, available):
-    """w8a8 (the default path's head) and w8a8i: each row is quantized with its own scale (fbgemm's range pinned to
-    [-1, 1]) and summed exactly in int32, so a row gives bit-identical output alone and next to a huge-activation
-    row, whatever the sign of each row's largest value."""
+@pytest.mark.parametrize("scheme,kernel,available", [
+    ("w8a8", "mlc-w8a8", lambda: quant_linear.cpu_op("int8_linear") is not None),
+    ("w8a8", "fbgemm-w8a8", qk.has_fbgemm_int8),
+    ("w8a8i", "int_mm-w8a8", qk.has_int_mm)])
+def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight, scheme, kernel, available, monkeypatch):
+    """w8a8 (the default path's head; the C++ kernel, or fbgemm without it) and w8a8i: each row is quantized with its
+    own scales (fbgemm's range pinned to [-1, 1]) and summed exactly in int32, so a row gives bit-identical output
+    alone and next to a huge-activation row, whatever the sign of each row's largest value."""
+    if kernel == "fbgemm-w8a8":
+        monkeypatch.setattr(quant_linear, "cpu_op", lambda name: None)  # as where the C++ kernels are not built
     w, b = weight
     layer = Int8Linear(w, b, scheme=scheme)
     assert layer.kernel == (kernel if available() else "reference")

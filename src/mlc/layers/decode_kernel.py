@@ -3,8 +3,8 @@
 * decode attention (`decode_attention.cpp`): one query per sequence, attending over its context read in place
   through the page table, so a decode step skips the gather, the key padding and the masked SDPA; a sequence's
   result does not depend on its batch (each sequence and KV head is computed whole, in one order);
-* the int4 GEMM (`int4_linear.cpp`, `layers/quant_linear.Int4Linear`): W4A8 with exact integer dot products, each
-  row alone;
+* the int4 and int8 GEMMs (`int4_linear.cpp`, `int8_linear.cpp`, `quant_gemm.h`; `layers/quant_linear.py`):
+  activations as two int8 digits (about 16 bits), exact integer dot products, each row alone;
 * RMSNorm, RoPE and SiLU x up for 16-bit models (`decode_attention.cpp`, `fused_ops.cpp`): one pass a row instead
   of several eager ops, with the eager ops' roundings.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger("mlc.layers")
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "int4_linear.cpp",
-                                                              "fused_ops.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("decode_attention.cpp", "int4_linear.cpp", "int8_linear.cpp", "fused_ops.cpp")]
 # no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one);
 # no contraction of a * b + c into one fma unless the source asks, so the fused ops round as the eager ops do
 FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
@@ -46,8 +46,8 @@ def decode_kernel():
 
 
 def cpu_op(name: str):
-    """`torch.ops.mlc_kernels.<name>` from the same build (rms_norm, int4_linear, rope_neox, silu_mul); None without
-    it. Looked up once: layers call this on every step."""
+    """`torch.ops.mlc_kernels.<name>` from the same build (rms_norm, int4_linear, int8_linear, rope_neox,
+    silu_mul); None without it. Looked up once: layers call this on every step."""
     if name not in _LOADED:
         op = getattr(torch.ops.mlc_kernels, name) if decode_kernel() is not None else None
         if op is not None and name in _FAKES and not getattr(op.default, "_mlc_fake", False):
@@ -64,14 +64,15 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
 
 
-_FAKES = {"int4_linear": lambda x, packed, group: x.new_empty(x.shape[0], packed.shape[0] * 16)}
+_FAKES = {"int4_linear": lambda x, packed, group: x.new_empty(x.shape[0], packed.shape[0] * 16),
+          "int8_linear": lambda x, packed: x.new_empty(x.shape[0], packed.shape[0] * 16)}
 
 
 def kernel_status() -> str:
     """For the startup log: which CPU kernels this process runs."""
     if decode_kernel() is None:
-        return "torch ops (SDPA decode attention, torch's int4 kernel, eager RMSNorm/RoPE/SiLU)"
-    return "C++ kernels (paged decode attention, int4 W4A8 GEMM, RMSNorm, RoPE, SiLU x up)"
+        return "torch ops (SDPA decode attention, torch's int4 and fbgemm's int8 kernels, eager RMSNorm/RoPE/SiLU)"
+    return "C++ kernels (paged decode attention, int4 and int8 GEMMs, RMSNorm, RoPE, SiLU x up)"
 
 
 def _cpu_key() -> str:
@@ -106,7 +107,8 @@ def _load():
              extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
         return torch.ops.mlc_kernels.decode_attention
     except Exception as e:  # no compiler, a read-only home, an unsupported platform: SDPA serves
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        reason = next((ln.strip() for ln in lines if "error:" in ln), lines[-1])[:300]  # a compiler's first error
         log.warning("the C++ CPU kernels are not available (%s); torch's ops run instead (slower). "
-                    "Install a C++ compiler (g++) to build them, or set MLC_DECODE_KERNEL=0 to skip trying", reason)
+                    "Without a C++ compiler, install one (g++); MLC_DECODE_KERNEL=0 skips trying", reason)
         return None

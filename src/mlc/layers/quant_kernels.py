@@ -79,6 +79,24 @@ def unpack_int4_tiles(tiles: torch.Tensor, group: int) -> tuple[torch.Tensor, to
     return q, pairs.transpose(0, 1).reshape(groups, t * 16, 2).contiguous()
 
 
+def pack_int8_tiles(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8 `[N, K]` and fp32 per-row scales `[N]` -> the C++ int8 kernel's layout, uint8 `[N/16, 16 K + 64]`: one
+    stream per 16 output rows, K/4 chunks of 64 bytes (byte `4 j + i` is row j's input i, stored as q + 128), then
+    the 16 rows' float scales."""
+    n, k = q.shape
+    codes = (q.to(torch.int16) + 128).to(torch.uint8).view(n // 16, 16, k // 4, 4).permute(0, 2, 1, 3)
+    scales = scale.float().contiguous().view(n // 16, 16).view(torch.uint8)
+    return torch.cat((codes.reshape(n // 16, k * 16), scales), dim=1).contiguous()
+
+
+def unpack_int8_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of `pack_int8_tiles`: (int8 `[N, K]`, fp32 scales `[N]`)."""
+    t, width = tiles.shape
+    k = (width - 64) // 16
+    codes = tiles[:, : k * 16].reshape(t, k // 4, 16, 4).permute(0, 2, 1, 3).reshape(t * 16, k)
+    return (codes.to(torch.int16) - 128).to(torch.int8), tiles[:, k * 16:].contiguous().view(torch.float32).reshape(-1)
+
+
 def dequantize_int4(packed: torch.Tensor, scale_zeros: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
     q = unpack_int4(packed).float()
     n, k = q.shape

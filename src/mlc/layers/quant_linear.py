@@ -72,10 +72,11 @@ class QuantizedLinear(nn.Module):
 class Int8Linear(QuantizedLinear):
     """int8 weights, one symmetric scale per output row. `scheme` says what meets them on the CPU:
 
-    w8a8: fbgemm's dynamic linear quantizes the activations to uint8 per token, int32 accumulation. The fastest
-    path here (2.5-5x int8pack on a 49,152-row head at batch 1-32), and a row's result never depends on the other
-    rows of its batch (see `_dynamic_per_token`). The default head; quantize_model's "mixed" uses it everywhere
-    except where inputs carry outlier channels.
+    w8a8: the C++ kernel where it builds (`csrc/int8_linear.cpp`, kernel "mlc-w8a8"): each row's activations as two
+    int8 digits per 32 inputs (about 16 bits), exact integer dot products, a row alone. Else fbgemm's dynamic linear
+    ("fbgemm-w8a8"): activations quantized to uint8 per token, int32 accumulation; a row's result never depends on
+    the other rows of its batch either (see `_dynamic_per_token`). Both 2.5-5x int8pack on a 49,152-row head at batch
+    1-32. The default head; quantize_model's "mixed" uses it everywhere except where inputs carry outlier channels.
     w8a16: activations rounded to bf16, weights widened in the kernel (aten._weight_int8pack_mm).
     w8a8i: each token's activations quantized to int8 with its own scale, then an int8 x int8 GEMM with exact int32
     accumulation (aten._int_mm): batch-independent too, slower than w8a8 at batch 1-8.
@@ -91,6 +92,12 @@ class Int8Linear(QuantizedLinear):
         self.scheme = scheme
         self._packed = None
         on_cpu = use_kernels and q.device.type == "cpu"
+        n, k = q.shape
+        if on_cpu and scheme == "w8a8" and n % 16 == 0 and k % 32 == 0 and cpu_op("int8_linear") is not None:
+            self.register_buffer("qweight", qk.pack_int8_tiles(q, scale))  # codes and scales in one stream
+            self.register_buffer("scale", None)
+            self.kernel = "mlc-w8a8"
+            return
         if on_cpu and scheme == "w8a8" and qk.has_fbgemm_int8():
             # two zero columns meet the +1 and -1 that `_dynamic_per_token` appends to every row
             self._packed = qk.prepack_int8(torch.cat((q, q.new_zeros(q.shape[0], 2)), dim=1), scale)
@@ -108,6 +115,8 @@ class Int8Linear(QuantizedLinear):
             self.register_buffer("scale", scale)
 
     def matmul(self, x):
+        if self.kernel == "mlc-w8a8":
+            return self._add_bias(cpu_op("int8_linear")(x, self.qweight))
         if self.kernel == "fbgemm-w8a8":
             return self._add_bias(self._dynamic_per_token(x.float()).to(x.dtype))
         if self.kernel == "int8pack-w8a16":
@@ -131,12 +140,14 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * amax
 
     def dequantized(self, dtype=torch.float32):
+        if self.kernel == "mlc-w8a8":
+            return qk.dequantize_int8(*qk.unpack_int8_tiles(self.qweight), dtype)
         if self._packed is not None:  # without the two pinning columns
             return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()[:, : self.in_features].to(dtype)
         return qk.dequantize_int8(self.qweight, self.scale.float(), dtype)
 
     def weight_bytes(self):
-        scale_bytes = 4 if self._packed is not None else self.scale.element_size()
+        scale_bytes = 4 if self._packed is not None or self.scale is None else self.scale.element_size()
         return self.out_features * (self.in_features + scale_bytes) + self._bias_bytes()
 
 

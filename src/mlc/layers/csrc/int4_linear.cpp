@@ -12,14 +12,9 @@
 // stream per tile of 16 output columns, group after group. A group is group/8 chunks of 64 bytes, then its 16 columns'
 // (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte 4 * j + i holds column j's input i in its low nibble and
 // input 4 + i in its high nibble.
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
+#include "quant_gemm.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -27,57 +22,7 @@
 
 namespace {
 
-constexpr int64_t kBlock = 32;  // inputs per activation scale
-constexpr int64_t kCols = 16;   // output columns per weight tile
-constexpr int64_t kRows = 4;    // rows that share one pass over a weight tile
-// Weights stream from memory once a token; the hardware prefetcher stops at each 4 KiB page, so each load asks for
-// the line 4 KiB ahead (the next tiles of the same thread follow contiguously). About 1.3x at batch 1 here.
-constexpr int64_t kPrefetch = 4096;
-
-struct Quantized {  // the activations: both digits' int8 codes, and per block the scale d / 256 and sum(256 a + a2)
-  const int8_t* codes;
-  const int8_t* low;
-  const float* scale;
-  const float* sum;
-};
-
-inline float bf16_bits_to_float(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-template <typename T>
-void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum) {
-  const int64_t blocks = K / kBlock;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
-    float v[kBlock];
-    for (int64_t r = begin; r < end; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const T* xb = x + r * K + b * kBlock;
-        float amax = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          v[i] = static_cast<float>(xb[i]);
-          amax = std::max(amax, std::fabs(v[i]));
-        }
-        const float d = amax / 127.f;
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        int8_t* c = codes + r * K + b * kBlock;
-        int8_t* c2 = low + r * K + b * kBlock;
-        int32_t s = 0;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
-          const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
-          c[i] = static_cast<int8_t>(q);
-          c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
-          s += 256 * c[i] + c2[i];
-        }
-        scale[r * blocks + b] = d * (1.f / 256.f);
-        sum[r * blocks + b] = static_cast<float>(s);
-      }
-    }
-  });
-}
+using namespace mlc;
 
 // The float fold of one block for one output column, shared by every path so they agree bit for bit.
 inline float fold(float acc, int32_t dot, float s, float z, float d, float asum) {
@@ -92,7 +37,9 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
   const int64_t blocks = K / kBlock, per_group = group / kBlock, group_bytes = group * 8 + 64;
   // block b's chunk c of 8 inputs, and the scale/zero pairs of the group holding block b
   auto chunk = [&](int64_t b, int64_t c) { return w + (b / per_group) * group_bytes + (b % per_group) * 256 + c * 64; };
-  auto pairs = [&](int64_t b) { return reinterpret_cast<const uint32_t*>(w + (b / per_group) * group_bytes + group * 8); };
+  auto pairs = [&](int64_t b) {
+    return reinterpret_cast<const uint32_t*>(w + (b / per_group) * group_bytes + group * 8);
+  };
   // the 4 + 4 activation codes (both digits) that meet chunk c of block b in row r
   auto codes = [&](const int8_t* base, int r, int64_t b, int64_t c, int half) {
     int32_t v;
@@ -140,7 +87,9 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i hi16 = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   // u8 x s8 pairs summed to int16 (at most 2 * 15 * 127, no saturation), then pairs of those to int32
-  auto dot4 = [&](__m256i w4, int32_t a4) { return _mm256_madd_epi16(_mm256_maddubs_epi16(w4, _mm256_set1_epi32(a4)), ones); };
+  auto dot4 = [&](__m256i w4, int32_t a4) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w4, _mm256_set1_epi32(a4)), ones);
+  };
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i high[R][2], low[R][2];  // per digit, per 8 columns
     for (int r = 0; r < R; ++r) high[r][0] = high[r][1] = low[r][0] = low[r][1] = _mm256_setzero_si256();
@@ -200,48 +149,18 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
 #endif
 }
 
-template <typename T>
-inline void store_row(T* out, const float* v, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(v[j]);  // round to nearest even, as Tensor.to does
-}
-
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t group) {
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   TORCH_CHECK(group > 0 && group % kBlock == 0, "the group size must be a multiple of 32");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == group * 8 + 64 && packed.scalar_type() == at::kByte,
               "packed weights must be uint8 [N/16, K/group, group * 8 + 64]");
-  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * kCols;
+  const int64_t K = x.size(1);
   TORCH_CHECK(packed.size(1) * group == K, "packed weights cover ", packed.size(1) * group, " inputs, x has ", K);
-  auto xc = x.contiguous(), wc = packed.contiguous();
-  const int64_t blocks = K / kBlock;
-  // one workspace: per-block scales and sums (float), then both digits' int8 codes
-  auto work = at::empty({M * (2 * blocks * 4 + 2 * K)}, x.options().dtype(at::kByte));
-  float* scale = reinterpret_cast<float*>(work.data_ptr<uint8_t>());
-  float* sum = scale + M * blocks;
-  int8_t* codes = reinterpret_cast<int8_t*>(sum + M * blocks);
-  int8_t* low = codes + M * K;
-  auto y = at::empty({M, N}, x.options());
-  const uint8_t* w = wc.data_ptr<uint8_t>();
-  const int64_t tile_bytes = packed.size(1) * packed.size(2), tiles = N / kCols, row_blocks = (M + 63) / 64;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "int4_linear", [&] {
-    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum);
-    const Quantized a{codes, low, scale, sum};
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    // one work item: 64 rows against one tile, so a thread keeps its tile's weights in L1 across those rows
-    at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t begin, int64_t end) {
-      float buf[64 * kCols];
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t rb = item / tiles, t = item % tiles;
-        const uint8_t* wt = w + t * tile_bytes;
-        const int64_t first = rb * 64, stop = std::min(M, first + 64);
-        int64_t m = first;  // buf holds rows [first, stop) of this tile, kCols floats each
-        for (; m + kRows <= stop; m += kRows) tile_rows<kRows>(a, m, wt, K, kCols, group, buf + (m - first) * kCols);
-        for (; m < stop; ++m) tile_rows<1>(a, m, wt, K, kCols, group, buf + (m - first) * kCols);
-        for (m = first; m < stop; ++m) store_row(yp + m * N + t * kCols, buf + (m - first) * kCols, kCols);
-      }
-    });
-  });
-  return y;
+  auto wc = packed.contiguous();
+  return quantized_gemm(x, wc.data_ptr<uint8_t>(), packed.size(0) * kCols, packed.size(1) * packed.size(2),
+                        [&](auto rows, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
+                          tile_rows<decltype(rows)::value>(a, m, w, K, kCols, group, out);
+                        });
 }
 
 }  // namespace

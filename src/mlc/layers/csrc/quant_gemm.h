@@ -1,0 +1,112 @@
+// What the C++ quantized GEMMs share (int4_linear.cpp, int8_linear.cpp): the activations as two int8 digits per
+// block of 32 inputs, and the driver that splits the output into tiles of 16 columns over the threads.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace mlc {
+
+constexpr int64_t kBlock = 32;  // inputs per activation scale
+constexpr int64_t kCols = 16;   // output columns per weight tile
+constexpr int64_t kRows = 4;    // rows that share one pass over a weight tile
+// Weights stream from memory once a token; the hardware prefetcher stops at each 4 KiB page, so each load asks for
+// the line 4 KiB ahead (the next tiles of the same thread follow contiguously). About 1.3x at batch 1 here.
+constexpr int64_t kPrefetch = 4096;
+
+struct Quantized {  // the activations: both digits' int8 codes, and per block the scale d / 256 and sum(256 a + a2)
+  const int8_t* codes;
+  const int8_t* low;
+  const float* scale;
+  const float* sum;
+};
+
+inline float bf16_bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+template <typename T>
+void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum) {
+  const int64_t blocks = K / kBlock;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
+    float v[kBlock];
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        const T* xb = x + r * K + b * kBlock;
+        float amax = 0.f;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          v[i] = static_cast<float>(xb[i]);
+          amax = std::max(amax, std::fabs(v[i]));
+        }
+        const float d = amax / 127.f;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        int8_t* c = codes + r * K + b * kBlock;
+        int8_t* c2 = low + r * K + b * kBlock;
+        int32_t s = 0;
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
+          const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
+          c[i] = static_cast<int8_t>(q);
+          c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
+          s += 256 * c[i] + c2[i];
+        }
+        scale[r * blocks + b] = d * (1.f / 256.f);
+        sum[r * blocks + b] = static_cast<float>(s);
+      }
+    }
+  });
+}
+
+template <typename T>
+inline void store_row(T* out, const float* v, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] = static_cast<T>(v[j]);  // round to nearest even, as Tensor.to does
+}
+
+template <int R>
+using Rows = std::integral_constant<int, R>;
+
+// y [M, N] in x's dtype = x [M, K] against packed weights, `tile_bytes` a tile of 16 columns. `tile(Rows<R>, a, m,
+// w, out)` computes rows [m, m + R) against the tile at w into out[r * 16 + column] (float); R is 4 or 1.
+template <typename Tile>
+at::Tensor quantized_gemm(const at::Tensor& x, const uint8_t* w, int64_t N, int64_t tile_bytes, Tile tile) {
+  auto xc = x.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
+  // one workspace: per-block scales and sums (float), then both digits' int8 codes
+  auto work = at::empty({M * (2 * blocks * 4 + 2 * K)}, x.options().dtype(at::kByte));
+  float* scale = reinterpret_cast<float*>(work.data_ptr<uint8_t>());
+  float* sum = scale + M * blocks;
+  int8_t* codes = reinterpret_cast<int8_t*>(sum + M * blocks);
+  int8_t* low = codes + M * K;
+  auto y = at::empty({M, N}, x.options());
+  const int64_t tiles = N / kCols, row_blocks = (M + 63) / 64;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantized_gemm", [&] {
+    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum);
+    const Quantized a{codes, low, scale, sum};
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    // one work item: 64 rows against one tile, so a thread keeps its tile's weights in L1 across those rows
+    at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t begin, int64_t end) {
+      float buf[64 * kCols];
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t rb = item / tiles, t = item % tiles;
+        const uint8_t* wt = w + t * tile_bytes;
+        const int64_t first = rb * 64, stop = std::min(M, first + 64);
+        int64_t m = first;  // buf holds rows [first, stop) of this tile, kCols floats each
+        for (; m + kRows <= stop; m += kRows) tile(Rows<kRows>{}, a, m, wt, buf + (m - first) * kCols);
+        for (; m < stop; ++m) tile(Rows<1>{}, a, m, wt, buf + (m - first) * kCols);
+        for (m = first; m < stop; ++m) store_row(yp + m * N + t * kCols, buf + (m - first) * kCols, kCols);
+      }
+    });
+  });
+  return y;
+}
+
+}  // namespace mlc
