@@ -2,8 +2,8 @@
 
 Peers: llama.cpp's `llama-server` on the same GGUF file (bench/llama_cpp.py finds or builds it), and, offline,
 transformers `generate` (static batches) and transformers' continuous batching (`generate_batch`).
-Workloads, each run on every server before the next starts (the order alternates, so a drift of the machine hurts
-both sides alike):
+Each server first answers WARM_REQUESTS whole requests, then the machine settles for SETTLE_S. Workloads, each run
+on every server before the next starts (the order alternates, so a drift of the machine hurts both sides alike):
   concurrency levels   N chat requests of `max_tokens` (EOS ignored) at each level: tok/s, TTFT/TPOT/ITL/E2E
   request rate         the same requests arriving as a Poisson process: latency percentiles, goodput
   prefill              one long prompt (GPL-3 text), max_tokens 1: prompt tokens/s from the time to first token
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from mlc.bench import peers
 from mlc.bench.serve import BenchConfig, LevelReport, load_prompts, run_level, run_one
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
+WARM_REQUESTS = 3  # full-length requests per server before the first measured level
+SETTLE_S = 2.0
 
 
 @dataclass
@@ -85,9 +88,9 @@ async def _level(url: str, bodies: list[dict], concurrency: int, bcfg: BenchConf
         return await run_level(client, url, bodies, concurrency, bcfg)
 
 
-async def _warm(url: str, body: dict) -> None:
+async def _warm(url: str, body: dict, max_tokens: int = 4) -> None:
     async with httpx.AsyncClient(timeout=httpx.Timeout(600)) as client:
-        r = await run_one(client, url, {**body, "max_tokens": 4})
+        r = await run_one(client, url, {**body, "max_tokens": max_tokens})
     if not r.ok:
         raise RuntimeError(f"the warm-up request to {url} failed: {r.error}")
 
@@ -104,8 +107,10 @@ def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenize
     text = long_text()
     results: dict[str, dict] = {"concurrency": {}, "request_rate": {}, "prefill": {}, "shared_prefix": {}}
     mid = {s.spec.label: httpx.get(s.spec.url + "/v1/models", timeout=30).json()["data"][0]["id"] for s in servers}
-    for s in servers:
-        asyncio.run(_warm(s.spec.url, _chat(mid[s.spec.label], chats[0], 4)))
+    for s in servers:  # whole requests, as measured: first-request costs stay out of the first level
+        for m in chats[:WARM_REQUESTS]:
+            asyncio.run(_warm(s.spec.url, _chat(mid[s.spec.label], m, cfg.max_tokens), cfg.max_tokens))
+    time.sleep(SETTLE_S)  # a server's worker threads may spin for a while after its last request
     step = 0
     for level in cfg.concurrency:
         for s in _interleave(servers, step):

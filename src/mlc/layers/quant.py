@@ -3,8 +3,8 @@
 weight_dtype (EngineConfig.weight_dtype, `--weight-dtype`):
   auto / the compute dtype  nothing changes
   fp16, bf16                half-precision storage, compute stays in the model dtype (a memory option)
-  int8                      per-channel int8; on CPU W8A8 dynamic (fbgemm), `int8_scheme="w8a16"` for bf16 activations
-  int4                      group-wise int4 (W4A16), `group_size` 32 (default), 64, 128 or 256 inputs per scale
+  int8                      per-channel int8; on CPU W8A8 (C++ kernel, or fbgemm); `int8_scheme="w8a16"`: W8A16
+  int4                      group-wise int4 (C++ kernel or W4A16), `group_size` 32 (default), 64, 128, 256 per scale
 
 Embeddings stay in float. A tied lm_head gets its own quantized copy of the embedding matrix (the lookup keeps the
 float one), since the head is the largest matmul of a decode step in small models. Kept in float on purpose: the

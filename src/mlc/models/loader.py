@@ -107,7 +107,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     if weight_dtype != "auto":
         from mlc.layers.quant import quantize_model
 
-        # the default path: W8A16 in the body (bf16 activations, as the int4 layers take them) and fbgemm's W8A8 in
+        # the default path: W8A16 in the body (bf16 activations, as the int4 layers take them) and W8A8 (C++, fbgemm) in
         # the head, 2.5-5x faster there; both keep a request's output independent of its batch
         scheme = "w8a16" if asked == "auto" else "mixed"
         net.quant_report = quantize_model(net, weight_dtype, int8_scheme=scheme, head_dtype=head_dtype,
