@@ -20,7 +20,7 @@ def test_the_gguf_bit_width_is_kept_and_said(llm):
     assert engine.weights.startswith("int4, head int8 (default: the GGUF stores its matrices as Q4_1")
     kernels = engine.model.quant_report.kernels
     built = cpu_op("int4_linear") is not None  # the C++ kernels where they build, else torch's and fbgemm's
-    int4, head = ("mlc-w4a8", "mlc-w8a8") if built else ("int4pack-w4a16", "fbgemm-w8a8")
+    int4, head = ("mlc-int4", "mlc-int8") if built else ("int4pack-w4a16", "fbgemm-w8a8")
     assert engine.model.lm_head.kernel == head and set(kernels) == {int4, head}
     assert engine.max_batch_size == min(256, (engine.cache_plan.num_pages - 1) // (512 // 16))
 

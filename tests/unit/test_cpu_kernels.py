@@ -97,7 +97,7 @@ def test_packed_layout_round_trips_and_the_layer_reads_its_weights_back(group):
     assert torch.equal(back_q, q.to(torch.uint8)) and torch.equal(back_sz, sz)
     w = torch.randn(64, 512, generator=torch.Generator().manual_seed(4)) * 0.05
     layer = Int4Linear(w, group_size=group)
-    assert layer.kernel == "mlc-w4a8" and layer.scale_zeros is None
+    assert layer.kernel == "mlc-int4" and layer.scale_zeros is None
     q, sz = qk.quantize_int4(w, group)
     assert torch.equal(layer.dequantized(), qk.dequantize_int4(qk.pack_int4(q), sz, group, torch.float32))
     assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then a bf16 pair per group and row
@@ -128,10 +128,10 @@ def test_int8_layer_picks_the_kernel_and_reads_its_weights_back():
 
     w = torch.randn(96, 128, generator=torch.Generator().manual_seed(10)) * 0.05
     layer = Int8Linear(w, scheme="w8a8")
-    assert layer.kernel == "mlc-w8a8" and layer.weight_bytes() == 96 * (128 + 4)
+    assert layer.kernel == "mlc-int8" and layer.weight_bytes() == 96 * (128 + 4)
     q, scale = qk.quantize_int8(w)
     assert torch.equal(layer.dequantized(), qk.dequantize_int8(q, scale, torch.float32))
-    assert Int8Linear(torch.randn(24, 128) * 0.05, scheme="w8a8").kernel != "mlc-w8a8"  # 24 rows: not 16-aligned
+    assert Int8Linear(torch.randn(24, 128) * 0.05, scheme="w8a8").kernel != "mlc-int8"  # 24 rows: not 16-aligned
 
 
 def rope_tables(t, d, dtype, seed=5):

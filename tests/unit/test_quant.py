@@ -94,7 +94,7 @@ def test_w8a8_scales_activations_per_token(weight):
 
 
 @pytest.mark.parametrize("scheme,kernel,available", [
-    ("w8a8", "mlc-w8a8", lambda: quant_linear.cpu_op("int8_linear") is not None),
+    ("w8a8", "mlc-int8", lambda: quant_linear.cpu_op("int8_linear") is not None),
     ("w8a8", "fbgemm-w8a8", qk.has_fbgemm_int8),
     ("w8a8i", "int_mm-w8a8", qk.has_int_mm)])
 def test_integer_w8a8_rows_do_not_depend_on_the_batch(weight, scheme, kernel, available, monkeypatch):

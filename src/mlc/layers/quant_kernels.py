@@ -89,6 +89,11 @@ def pack_int8_tiles(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.cat((codes.reshape(n // 16, k * 16), scales), dim=1).contiguous()
 
 
+def int8_tiles_fit(out_features: int, in_features: int) -> bool:
+    """The C++ int8 kernel's shapes: tiles of 16 output rows, activation blocks of 32 inputs."""
+    return out_features % 16 == 0 and in_features % 32 == 0
+
+
 def unpack_int8_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of `pack_int8_tiles`: (int8 `[N, K]`, fp32 scales `[N]`)."""
     t, width = tiles.shape

@@ -72,7 +72,7 @@ class QuantizedLinear(nn.Module):
 class Int8Linear(QuantizedLinear):
     """int8 weights, one symmetric scale per output row. `scheme` says what meets them on the CPU:
 
-    w8a8: the C++ kernel where it builds (`csrc/int8_linear.cpp`, kernel "mlc-w8a8"): each row's activations as two
+    w8a8: the C++ kernel where it builds (`csrc/int8_linear.cpp`, kernel "mlc-int8"): each row's activations as two
     int8 digits per 32 inputs (about 16 bits), exact integer dot products, a row alone. Else fbgemm's dynamic linear
     ("fbgemm-w8a8"): activations quantized to uint8 per token, int32 accumulation; a row's result never depends on
     the other rows of its batch either (see `_dynamic_per_token`). Both 2.5-5x int8pack on a 49,152-row head at batch
@@ -92,11 +92,10 @@ class Int8Linear(QuantizedLinear):
         self.scheme = scheme
         self._packed = None
         on_cpu = use_kernels and q.device.type == "cpu"
-        n, k = q.shape
-        if on_cpu and scheme == "w8a8" and n % 16 == 0 and k % 32 == 0 and cpu_op("int8_linear") is not None:
+        if on_cpu and scheme == "w8a8" and qk.int8_tiles_fit(*q.shape) and cpu_op("int8_linear") is not None:
             self.register_buffer("qweight", qk.pack_int8_tiles(q, scale))  # codes and scales in one stream
             self.register_buffer("scale", None)
-            self.kernel = "mlc-w8a8"
+            self.kernel = "mlc-int8"
             return
         if on_cpu and scheme == "w8a8" and qk.has_fbgemm_int8():
             # two zero columns meet the +1 and -1 that `_dynamic_per_token` appends to every row
@@ -115,7 +114,7 @@ class Int8Linear(QuantizedLinear):
             self.register_buffer("scale", scale)
 
     def matmul(self, x):
-        if self.kernel == "mlc-w8a8":
+        if self.kernel == "mlc-int8":
             return self._add_bias(cpu_op("int8_linear")(x, self.qweight))
         if self.kernel == "fbgemm-w8a8":
             return self._add_bias(self._dynamic_per_token(x.float()).to(x.dtype))
@@ -140,7 +139,7 @@ class Int8Linear(QuantizedLinear):
         return torch.ops.quantized.linear_dynamic(pinned, self._packed, self.reduce_range) * amax
 
     def dequantized(self, dtype=torch.float32):
-        if self.kernel == "mlc-w8a8":
+        if self.kernel == "mlc-int8":
             return qk.dequantize_int8(*qk.unpack_int8_tiles(self.qweight), dtype)
         if self._packed is not None:  # without the two pinning columns
             return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()[:, : self.in_features].to(dtype)
@@ -154,10 +153,10 @@ class Int8Linear(QuantizedLinear):
 class Int4Linear(QuantizedLinear):
     """Group-wise int4: a bf16 scale and zero per `group_size` inputs of a row. Two CPU kernels:
 
-    mlc-w4a8 (the default where it builds, `csrc/int4_linear.cpp`): each row's activations are quantized to int8
-    per block of 32 inputs and meet the int4 codes in exact integer dot products (VNNI or AVX2), folded in float in
-    a fixed order; as llama.cpp's Q4 kernels do. A row's result never depends on its batch. Batch 1 runs at about
-    twice, and prompts at about three times, the speed of torch's kernel here.
+    mlc-int4 (the default where it builds, `csrc/int4_linear.cpp`): each row's activations become two int8 digits
+    per block of 32 inputs (about 16 bits) and meet the int4 codes in exact integer dot products (VNNI, AVX2 or plain
+    C++, the same integers), folded in float in a fixed order. A row's result never depends on its batch. Batch 1
+    runs at about twice, and prompts at about three times, the speed of torch's kernel here.
     int4pack-w4a16: aten._weight_int4pack_mm_for_cpu (bf16 activations, weights widened in the kernel, needs
     out_features % 16 == 0); where the C++ kernels are not built (`MLC_DECODE_KERNEL=0`, no compiler).
     """
@@ -175,7 +174,7 @@ class Int4Linear(QuantizedLinear):
         if on_cpu and cpu_op("int4_linear") is not None:  # codes and scales in one stream (no separate scale_zeros)
             self.register_buffer("qweight", qk.pack_int4_tiles(q, scale_zeros, group_size))
             self.register_buffer("scale_zeros", None)
-            self.kernel = "mlc-w4a8"
+            self.kernel = "mlc-int4"
             return
         self.register_buffer("scale_zeros", scale_zeros)
         if on_cpu and qk.has_int4pack():
@@ -185,7 +184,7 @@ class Int4Linear(QuantizedLinear):
             self.register_buffer("qweight", qk.pack_int4(q))
 
     def matmul(self, x):
-        if self.kernel == "mlc-w4a8":
+        if self.kernel == "mlc-int4":
             return self._add_bias(cpu_op("int4_linear")(x, self.qweight, self.group_size))
         if self.kernel == "int4pack-w4a16":
             xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # a bf16 model skips both conversions
@@ -196,7 +195,7 @@ class Int4Linear(QuantizedLinear):
         return F.linear(x, w, self._bias_like(x))
 
     def dequantized(self, dtype=torch.float32):
-        if self.kernel == "mlc-w4a8":
+        if self.kernel == "mlc-int4":
             q, scale_zeros = qk.unpack_int4_tiles(self.qweight, self.group_size)
             return qk.dequantize_int4(qk.pack_int4(q), scale_zeros, self.group_size, dtype)
         if self.kernel == "int4pack-w4a16":  # the kernel's layout is its own; multiply the identity to read it back
@@ -206,7 +205,7 @@ class Int4Linear(QuantizedLinear):
         return qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, dtype)
 
     def weight_bytes(self):
-        if self.kernel == "mlc-w4a8":  # scales inside
+        if self.kernel == "mlc-int4":  # scales inside
             return self.qweight.numel() + self._bias_bytes()
         return self.out_features * self.in_features // 2 + self.scale_zeros.numel() * 2 + self._bias_bytes()
 
