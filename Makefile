@@ -9,10 +9,12 @@ TORCH_SPEC ?= torch==2.13.0
 DEFAULT_MODEL ?= smollm2-135m-instruct
 HOST ?= 127.0.0.1
 PORT ?= 8080
+CHROMIUM ?= /usr/bin/chromium
+APT_GET ?= $(shell command -v apt-get)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: setup model test test-slow serve chat clean-venv
+.PHONY: setup model browser test test-slow serve chat clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,11 +34,21 @@ model: setup
 	$(MLC) models pull $(DEFAULT_MODEL) --quiet
 	@$(PY) -c "from mlc.layers.decode_kernel import kernel_status; print('CPU kernels:', kernel_status())"
 
-test: model
-	$(PY) -m pytest -q tests
+# The web UI tests drive Debian's chromium (Playwright's own browser download needs the internet): installed here as
+# root where apt-get is, once; elsewhere those tests are skipped and this says what to run.
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ -n "$(APT_GET)" ] && [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium for the web UI tests"; \
+		($(APT_GET) update -qq && DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq chromium >/dev/null) \
+		|| echo "note: apt-get could not install chromium; the web UI tests will be skipped"; \
+	else echo "note: no $(CHROMIUM): the web UI tests will be skipped; to run them: sudo apt-get install -y chromium"; fi
 
-test-slow: model
-	$(PY) -m pytest -q -m slow tests
+test: model browser
+	$(PY) -m pytest -q -rs tests
+
+test-slow: model browser
+	$(PY) -m pytest -q -rs -m slow tests
 
 serve: model
 	$(MLC) serve --model $(DEFAULT_MODEL) --host $(HOST) --port $(PORT)

@@ -169,10 +169,21 @@ def test_prefix_affinity_keeps_a_shared_prefix_on_one_replica(cluster):
     assert 'mlc:router_requests_total{decision="affinity"}' in text
 
 
+def test_short_prompts_are_shared_by_idle_replicas(cluster):
+    """Shorter than one affinity chunk (32 characters here): no prefix to follow, so the idle replicas share them."""
+    seen = []
+    for i in range(16):
+        r = cluster.post("/v1/completions", {"prompt": f"Hi {i}", "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        seen.append(replica_of(r))
+    assert len(set(seen)) == 2, seen
+
+
 def test_status_lists_replicas_health_and_load(cluster):
     report = cluster.status()
     assert report["applications"]["mlc"]["status"] == "RUNNING"
     assert [r["health"] for r in report["replicas"]] == ["healthy", "healthy"]
+    assert {r["node"] for r in report["replicas"]} == {"127.0.0.1"}  # a local head never leaves loopback
     assert report["deployed"]["replicas"] == 2 and report["deployed"]["generation"] == 1
 
 

@@ -15,13 +15,14 @@ from test_server_support import ServerProcess, metric, sse_events, wait_for
 
 TIMEOUT_S = 6
 LONG = {"prompt": "Write a very long story about the sea.", "max_tokens": 500, "ignore_eos": True}
+LONGER = {**LONG, "max_tokens": 4000}  # far longer than TIMEOUT_S at any speed (500 tokens took 5 s on a fast CPU)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(tmp_path_factory.mktemp("limits"),
                         ["--max-batch-size", "1", "--max-queue", "1", "--request-timeout", str(TIMEOUT_S),
-                         "--shutdown-grace", "2"])
+                         "--shutdown-grace", "2", "--max-seq-len", "4096", "--kv-cache-memory", "128MiB"])
     try:
         srv.wait_healthy()
         yield srv
@@ -58,12 +59,12 @@ def test_flood_gets_429_with_retry_after(server):
 
 def test_timeout_ends_with_partial_text(server):
     start = time.monotonic()
-    r = httpx.post(server.url + "/v1/completions", json=LONG, timeout=60)
+    r = httpx.post(server.url + "/v1/completions", json=LONGER, timeout=60)
     assert TIMEOUT_S <= time.monotonic() - start < TIMEOUT_S + 5
     choice = r.json()["choices"][0]
     assert r.status_code == 200 and choice["finish_reason"] == "timeout"
-    assert choice["text"] and 0 < r.json()["usage"]["completion_tokens"] < 500
-    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as s:
+    assert choice["text"] and 0 < r.json()["usage"]["completion_tokens"] < LONGER["max_tokens"]
+    with httpx.stream("POST", server.url + "/v1/completions", json={**LONGER, "stream": True}, timeout=60) as s:
         events = sse_events(s)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "timeout"
     assert "".join(e["choices"][0]["text"] for e in events[:-1]).strip()

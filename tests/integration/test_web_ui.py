@@ -22,6 +22,10 @@ from web_ui_support import (
 )
 
 
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}: the web UI tests need Debian's "
+                                "chromium; run `make browser` as root, or: sudo apt-get install -y chromium")
+
+
 @pytest.fixture(scope="module")
 def adapter(tmp_path_factory, default_model_dir):
     """A PEFT LoRA adapter for the default model whose B matrices are not zero, so it changes the output."""
@@ -49,7 +53,6 @@ def server(tmp_path_factory, adapter):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    assert Path(CHROMIUM).exists(), "the web UI tests need Debian's chromium: apt-get install -y chromium"
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -4,13 +4,14 @@ small training runs."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("MLC_CHROMIUM", "/usr/bin/chromium")  # Debian's; `make browser` installs it
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 KEY = "web-ui-key-42"

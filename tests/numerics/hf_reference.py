@@ -19,6 +19,11 @@ from mlc.models.loader import load_model
 from paged import incremental_logits
 
 TOL = 1e-4  # max abs logit difference allowed in fp32
+# glm and glm4 (GLM-4 and GLM-4-0414) tiny configs: q/k/v biases, half rotary
+GLM_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, attention_bias=True, rms_norm_eps=1e-5, max_position_embeddings=256,
+                pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                 "partial_rotary_factor": 0.5})
 PROMPT_LENGTHS = (1, 7, 33)
 BATCH_LENGTHS = (7, 33, 12, 1)
 
@@ -43,12 +48,12 @@ def randomize_(model: torch.nn.Module, std: float = 0.5, seed: int = 0) -> None:
                 t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32) * std)
 
 
-def reference_model(model_cls, config, seed: int = 0) -> torch.nn.Module:
+def reference_model(model_cls, config, seed: int = 0, std: float = 0.5) -> torch.nn.Module:
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"  # MoE: the per-expert loop, not grouped_mm
     torch.manual_seed(seed)
     model = model_cls(config).eval()
-    randomize_(model, seed=seed)
+    randomize_(model, std=std, seed=seed)
     return model
 
 

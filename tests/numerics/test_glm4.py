@@ -3,14 +3,11 @@
 import pytest
 from transformers import Glm4Config, Glm4ForCausalLM
 
-from hf_reference import ParitySuite, load_pair
+from hf_reference import GLM_TINY, ParitySuite, load_pair
 
 
-def tiny_config() -> Glm4Config:
-    return Glm4Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
-                      rms_norm_eps=1e-5, max_position_embeddings=256, pad_token_id=0,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+def tiny_config(**overrides) -> Glm4Config:
+    return Glm4Config(**(GLM_TINY | overrides))
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import random
+from collections import Counter
 
 import pytest
 from fastapi import FastAPI, Request
@@ -100,12 +102,24 @@ def test_choose_follows_the_prefix_until_its_replica_is_overloaded():
     first = ranks[0][0]
     assert decision == "new_prefix" and first == rendezvous(chunks[0], ["r3", "r1", "r2"])
     table.record(chunks, "r2")  # it went to r2 after all
-    assert choose(chunks + ("deeper",), loads, table, 2) == ([["r2"], ["r1", "r3"]], "affinity")
+    ranks, decision = choose(chunks + ("deeper",), loads, table, 2)
+    assert decision == "affinity" and ranks[0] == ["r2"] and sorted(ranks[1]) == ["r1", "r3"]
     ranks, decision = choose(chunks, {"r1": 0, "r2": 3, "r3": 1}, table, 2)
     assert decision == "overloaded" and ranks == [["r1", "r3"]]
-    assert choose((), loads, table, 2) == ([["r1", "r2"]], "no_prefix")
+    ranks, decision = choose((), loads, table, 2)
+    assert decision == "no_prefix" and len(ranks) == 1 and len(set(ranks[0]) & set(loads)) == 2
     table.forget({"r2"})
     assert choose(chunks, loads, table, 2)[1] == "new_prefix"
+
+
+def test_idle_replicas_share_requests_without_a_prefix():
+    """Prompts shorter than one chunk have no prefix to follow: equally busy replicas take them at random (sorting
+    by id sent every one to the same replica), and a busier replica is never ranked first."""
+    table, rng = AffinityTable(), random.Random(0)
+    firsts = Counter(choose(chunk_hashes(f"Hi {i}", 32), {"r1": 0, "r2": 0}, table, 2, rng)[0][0][0] for i in range(16))
+    assert set(firsts) == {"r1", "r2"} and min(firsts.values()) >= 4, firsts
+    busy = {"r1": 1, "r2": 0, "r3": 0}
+    assert {choose((), busy, table, 2, rng)[0][0][0] for _ in range(16)} == {"r2", "r3"}
 
 
 def test_metrics_of_all_replicas_in_one_page():

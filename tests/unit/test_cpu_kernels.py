@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_marks import CPU_KERNELS
 import torch.nn.functional as F
 
 from mlc.layers import quant_kernels as qk
@@ -19,7 +20,7 @@ from mlc.layers.decode_kernel import cpu_op
 from mlc.layers.quant_linear import Int4Linear
 from mlc.layers.rotary import apply_rope_neox, rope_neox_fused
 
-pytestmark = pytest.mark.skipif(cpu_op("int4_linear") is None, reason="no C++ compiler: torch's kernels serve")
+pytestmark = CPU_KERNELS
 
 
 def int4_weights(n, k, group, seed=0):

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from kernel_marks import CPU_KERNELS
 
 from mlc.layers import attention
 from mlc.layers.attention import GroupKind, build_attention_metadata
@@ -19,7 +20,7 @@ from mlc.layers.kv_store import PagedTensor
 H, KV, D, PAGE = 9, 3, 64, 16
 CONTEXTS = [37, 120, 5, 300, 64, 77, 250, 16, 2]
 
-pytestmark = pytest.mark.skipif(decode_kernel() is None, reason="no C++ compiler: the SDPA path serves")
+pytestmark = CPU_KERNELS
 
 
 def paged(dtype, contexts, seed=0):

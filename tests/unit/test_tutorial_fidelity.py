@@ -289,7 +289,7 @@ def test_section_4_3_run_mindformer_flags_become_train_overrides(root, tmp_path)
         resolve_model_dir(cfg.model)
 
 
-@pytest.mark.parametrize("mode,equivalent", [("eval", "mlc-cli evaluate"), ("predict", "mlc-cli generate")])
+@pytest.mark.parametrize("mode,equivalent", [("eval", "mlc-cli eval "), ("predict", "mlc-cli generate")])
 def test_other_run_modes_name_our_command(root, mode, equivalent):
     with pytest.raises(ConfigError, match=equivalent):
         translate_argv(root, ["train", f"--run_mode={mode}"])

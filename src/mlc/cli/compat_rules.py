@@ -168,7 +168,7 @@ def _run_mode(value: str | None) -> tuple[list[str], str]:
     mode = (value or "").lower()
     if mode in ("train", "finetune"):
         return [], "nothing to change: mlc-cli train trains"
-    others = {"eval": "mlc-cli evaluate --model MODEL --adapter RUN/adapter --data FILE",
+    others = {"eval": "mlc-cli eval --model MODEL --adapter RUN/adapter --data FILE",
               "predict": "mlc-cli generate --model MODEL --prompt TEXT (or serve it: mlc-cli serve MODEL --lora "
                          "name=RUN/adapter)"}
     raise ConfigError(f"--run_mode {value}: mlc-cli train only trains; " + (

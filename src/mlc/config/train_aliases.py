@@ -8,7 +8,7 @@
   (`stage: sft`, `finetuning_type: lora`, `do_train: true`) when they ask for what `mlc-cli train` does.
 
 Each rewrite is recorded (`origin`, or a line in `notes`); a value that asks for something mlc cannot do yet
-(model_parallel 2, stage dpo) is refused with what to write instead, never dropped.
+(pipeline_stage 2, stage dpo) is refused with what to write instead, never dropped.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 RUN_KIND = {
     "stage": ("sft", "mlc-cli train does supervised fine-tuning (stage: sft) only"),
     "finetuning_type": ("lora", "mlc-cli train trains LoRA adapters (finetuning_type: lora) only"),
-    "do_train": (True, "mlc-cli train always trains; evaluate with `mlc-cli evaluate`"),
+    "do_train": (True, "mlc-cli train always trains; evaluate with `mlc-cli eval`"),
 }
 SCHEDULER_NAMES = {"constant_with_warmup": "constant"}  # ours warm up first whatever the type
 PARALLEL_KEYS = ("data_parallel", "model_parallel", "pipeline_stage")

@@ -17,8 +17,10 @@ every quantized KV cache does), torch's int4 kernel, the eager elementwise ops.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name
 # no contraction of a * b + c into one fma unless the source asks, so the fused ops round as the eager ops do
 FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fopenmp"]
 STALE_LOCK_S = 600
+FAILED = "build-failed.json"  # a failed build's reason, beside the build, until its sources or compiler change
 _LOCK = threading.Lock()
 _LOADED: dict[str, object] = {}
 
@@ -83,18 +86,65 @@ def _cpu_key() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:12]
 
 
-def _load():
-    if os.environ.get("MLC_DECODE_KERNEL", "1").strip().lower() in ("0", "false", "off", "no"):
-        return None
-    if hasattr(torch.ops.mlc_kernels, "decode_attention"):  # another engine in this process loaded it
-        return torch.ops.mlc_kernels.decode_attention
+def kernels_off() -> bool:
+    return os.environ.get("MLC_DECODE_KERNEL", "1").strip().lower() in ("0", "false", "off", "no")
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's cpp_extension would run (`$CXX`, else c++), as a path; None when there is none."""
+    from torch.utils.cpp_extension import get_cxx_compiler
+
+    return shutil.which(get_cxx_compiler())
+
+
+def _build_dir() -> Path:
     from mlc.config.paths import mlc_home
 
     # MLC_KERNEL_MARCH: the -march to build for (default native); the tests build haswell (AVX2) and x86-64 (plain
     # C++) to check that every code path gives the native build's int4 results
-    arch = os.environ.get("MLC_KERNEL_MARCH", "native").strip() or "native"
-    suffix = "" if arch == "native" else f"-{arch}"
-    build = mlc_home() / "kernels" / f"decode_attention-torch{torch.__version__}-{_cpu_key()}{suffix}"
+    suffix = "" if _march() == "native" else f"-{_march()}"
+    return mlc_home() / "kernels" / f"decode_attention-torch{torch.__version__}-{_cpu_key()}{suffix}"
+
+
+def _march() -> str:
+    return os.environ.get("MLC_KERNEL_MARCH", "native").strip() or "native"
+
+
+def _attempt_key() -> str:
+    """What a build attempt depends on: the sources, the flags and the compiler. A failure is remembered under it,
+    so a fixed source or a newly installed compiler is tried again, and nothing else is."""
+    digest = hashlib.sha256(f"{compiler()}|{_march()}|{FLAGS}".encode())
+    for path in SOURCES + sorted((Path(__file__).parent / "csrc").glob("*.h")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build_failure() -> str | None:
+    """Why the last build on this machine failed, while nothing it depends on has changed; None if it did not."""
+    marker = _build_dir() / FAILED
+    try:
+        record = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("reason") if record.get("key") == _attempt_key() else None
+
+
+def _load():
+    if kernels_off():
+        return None
+    if hasattr(torch.ops.mlc_kernels, "decode_attention"):  # another engine in this process loaded it
+        return torch.ops.mlc_kernels.decode_attention
+    return _build()
+
+
+def _build():
+    """Build (or load the earlier build of) the kernels into $MLC_HOME/kernels; None, remembered, when it fails."""
+    build = _build_dir()
+    failed = build_failure()
+    if failed is not None:  # every process and tensor-parallel worker would fail the same way: say it, don't retry
+        log.warning("the C++ CPU kernels failed to build on this machine earlier (%s); torch's ops run instead "
+                    "(slower). Delete %s to try again", failed, build / FAILED)
+        return None
     try:
         from torch.utils.cpp_extension import load
 
@@ -103,12 +153,21 @@ def _load():
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             log.warning("removing the stale build lock %s (a build interrupted earlier)", lock)
             lock.unlink(missing_ok=True)
-        load(name="mlc_decode_attention", sources=[str(p) for p in SOURCES], extra_cflags=[f"-march={arch}", *FLAGS],
-             extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
+        load(name="mlc_decode_attention", sources=[str(p) for p in SOURCES],
+             extra_cflags=[f"-march={_march()}", *FLAGS], extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
         return torch.ops.mlc_kernels.decode_attention
     except Exception as e:  # no compiler, a read-only home, an unsupported platform: SDPA serves
         lines = str(e).strip().splitlines() or [type(e).__name__]
         reason = next((ln.strip() for ln in lines if "error:" in ln), lines[-1])[:300]  # a compiler's first error
+        _remember_failure(build, reason)
         log.warning("the C++ CPU kernels are not available (%s); torch's ops run instead (slower). "
                     "Without a C++ compiler, install one (g++); MLC_DECODE_KERNEL=0 skips trying", reason)
         return None
+
+
+def _remember_failure(build: Path, reason: str) -> None:
+    try:
+        build.mkdir(parents=True, exist_ok=True)
+        (build / FAILED).write_text(json.dumps({"key": _attempt_key(), "reason": reason}))
+    except OSError:
+        pass  # a read-only home: every process tries (and fails) on its own

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlc.layers.attention import AttentionGroup, AttentionMetadata, gather_context, group_mask
+from mlc.layers.attention import AttentionGroup, AttentionMetadata, GroupKind, gather_context, group_mask
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import Linear
 from mlc.layers.rotary import apply_rope_deinterleave
@@ -76,10 +76,26 @@ class DsaIndexer(nn.Module):
             if g.keys <= self.topk:
                 selection.append(None)
                 continue
-            kg = gather_context(g, cache["index_k"] if cache is not None else None, k, k.dtype)
-            scores = self.index_scores(self._rows(q, g), kg, self._rows(w, g), mask[:, 0])
-            selection.append(scores.topk(self.topk, dim=-1).indices)
+            kg = gather_context(g, cache["index_k"] if cache is not None else None, k, k.dtype)[:, : g.keys]
+            scores = self.index_scores(self._rows(q, g), kg, self._rows(w, g), mask[:, 0, :, : g.keys])
+            selection.append(self.top_keys(scores, g))
         return selection
+
+    def top_keys(self, scores: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+        """`[G, Q, k]` indices of each query's top-k index scores, chosen as transformers chooses them.
+
+        ReLU makes exact ties common, and which of the tied keys torch.topk returns depends on the row's width: a
+        row is scored at its group's longest context, never the padded one (transformers scores a decode query
+        over its context, a prompt row over the prompt). In a decode group, a shorter sequence whose k-th and
+        (k+1)-th scores tie is chosen again over its own context. Decode keys come back in cache order, so the
+        gathered context is summed in the order transformers' masked attention sums it."""
+        top = scores.topk(self.topk, dim=-1)
+        indices = top.indices
+        if g.kind is GroupKind.DECODE and g.batch > 1:
+            tied = (scores >= top.values[..., -1:]).sum(-1)[:, 0] > self.topk
+            for i in torch.nonzero(tied & (g.context < g.keys) & (g.context > self.topk)).flatten().tolist():
+                indices[i] = scores[i, :, : int(g.context[i])].topk(self.topk, dim=-1).indices
+        return indices.sort(dim=-1).values if g.kind is GroupKind.DECODE else indices
 
     @staticmethod
     def _rows(t: torch.Tensor, g: AttentionGroup) -> torch.Tensor:

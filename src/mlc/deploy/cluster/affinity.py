@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from collections import Counter, OrderedDict
 
 INFERENCE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -103,10 +104,11 @@ class AffinityTable:
 
 
 def choose(chunks: tuple[str, ...], loads: dict[str, int], table: AffinityTable,
-           max_load_gap: int) -> tuple[list[list[str]], str]:
+           max_load_gap: int, rng: random.Random | None = None) -> tuple[list[list[str]], str]:
     """Ranked replica ids (try the first group first) and the decision: affinity (a replica holds the prefix),
-    new_prefix (its hashed owner), overloaded (the owner is too busy: least busy instead) or no_prefix."""
-    by_load = sorted(loads, key=lambda r: (loads[r], r))
+    new_prefix (its hashed owner), overloaded (the owner is too busy: least busy instead) or no_prefix. Replicas
+    equally busy are ranked at random, so idle replicas share the requests that have no prefix to follow."""
+    by_load = sorted((rng or random).sample(sorted(loads), len(loads)), key=loads.__getitem__)
     if not chunks or not loads:
         return [by_load[:2]], "no_prefix"
     owner, _ = table.deepest_owner(chunks, set(loads))

@@ -23,6 +23,10 @@ from mlc.errors import ClusterError
 NAMESPACE = "mlc"
 INSTALL_HINT = "pip install 'mlc[cluster]' (or: pip install 'ray[serve,train]')"
 HEAD_START_TIMEOUT_S = 120.0
+LOOPBACK = "127.0.0.1"
+# Ray turns a loopback --node-ip-address into the machine's routable address unless its cluster mode is off (its
+# local-only mode on macOS and Windows); a local head sets it so that nothing it starts listens beyond loopback.
+LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def require_ray(what: str = "this command") -> None:
@@ -52,7 +56,7 @@ def parse_address(cluster: ClusterConfig) -> Address:
     value = cluster.ray_address
     if value.startswith("local"):
         port = int(value.partition(":")[2] or DEFAULT_RAY_PORT)
-        return Address(f"127.0.0.1:{port}", port)
+        return Address(f"{LOOPBACK}:{port}", port)
     return Address(value)
 
 
@@ -96,15 +100,18 @@ def start_local_head(cluster: ClusterConfig, kind: str, port: int) -> list[int]:
     log_path = _state_dir() / f"local-head-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pids: list[int] = []
-    address = f"127.0.0.1:{port}"
+    address = f"{LOOPBACK}:{port}"
     try:
         for raylet in local_raylets(cluster, kind):
-            args = raylet.args(kind, address, port) + ["--block", "--disable-usage-stats"]
+            # a local head is a trial on one machine: its GCS, raylets and object transfers stay on loopback
+            args = [*raylet.args(kind, address, port), "--block", "--disable-usage-stats",
+                    f"--node-ip-address={LOOPBACK}"]
             if raylet.head:
                 args.append("--include-dashboard=false")
             with log_path.open("ab") as log:
                 proc = subprocess.Popen([_ray_executable(), *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                        env={**os.environ, **raylet.env(kind)}, start_new_session=True)
+                                        env={**os.environ, **LOCAL_ONLY_ENV, **raylet.env(kind)},
+                                        start_new_session=True)
             pids.append(proc.pid)
             _wait_head(proc, address, log_path) if raylet.head else time.sleep(1.0)
     except BaseException:
@@ -190,13 +197,27 @@ def connect(cluster: ClusterConfig, kind: str, start: bool = True) -> Connection
     if not ray.is_initialized():
         logging.getLogger("ray").setLevel(logging.WARNING)
         try:
-            ray.init(address=address.text, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
+            node_ip = {}
+            if address.is_local:  # this driver, too, on the head's loopback
+                _local_only(ray)
+                node_ip = {"_node_ip_address": LOOPBACK}
+            ray.init(address=address.text, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False,
+                     **node_ip)
             logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's own INFO lines are not ours to print
         except (ConnectionError, RuntimeError) as e:
             if started:
                 stop_local_head(address.local_port)
             raise ClusterError(f"cannot connect to the Ray cluster at {cluster.ray_address}: {e}") from None
     return Connection(address, started)
+
+
+def _local_only(ray) -> None:
+    """Ray's local-only mode in this process: set for the workers it starts, and read by the Ray already imported
+    here (it reads the variable once, at import; otherwise it would dial the head at the machine's address)."""
+    os.environ.update(LOCAL_ONLY_ENV)
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def undo(conn: Connection) -> None:

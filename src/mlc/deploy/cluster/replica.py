@@ -44,7 +44,7 @@ class ReplicaServer:
             await self._lifespan.__aexit__(None, None, None)
             raise ClusterError(f"the replica could not serve {self.config.engine.model}: {self.state.error}")
         self.id = serve.get_replica_context().replica_id.unique_id
-        self.node = ray.util.get_node_ip_address()
+        self.node = node_address()
         self.started = time.time()
         self.registry = get_registry()
         self._push_s = float(spec.get("push_s", 1.0))
@@ -94,3 +94,13 @@ class ReplicaServer:
                 pass
         if getattr(self, "_lifespan", None) is not None:
             await self._lifespan.__aexit__(None, None, None)
+
+
+def node_address() -> str:
+    """The address this replica's node joined the cluster with (a local head's is 127.0.0.1), as Ray records it;
+    `ray.util.get_node_ip_address` in a worker guesses from the machine's routes instead."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    found = (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+    return next(found, ray.util.get_node_ip_address())
