@@ -10,6 +10,8 @@ DEFAULT_MODEL ?= smollm2-135m-instruct
 HOST ?= 127.0.0.1
 PORT ?= 8080
 CHROMIUM ?= /usr/bin/chromium
+# the browser the web UI tests drive
+export MLC_CHROMIUM ?= $(CHROMIUM)
 APT_GET ?= $(shell command -v apt-get)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
@@ -32,7 +34,7 @@ setup: $(VENV)/.mlc-installed
 
 model: setup
 	$(MLC) models pull $(DEFAULT_MODEL) --quiet
-	@$(PY) -c "from mlc.layers.decode_kernel import kernel_status; print('CPU kernels:', kernel_status())"
+	@$(PY) -c "from mlc.layers.cpu_kernels import kernel_status; print('CPU kernels:', kernel_status())"
 
 # The web UI tests drive Debian's chromium (Playwright's own browser download needs the internet): installed here as
 # root where apt-get is, once; elsewhere those tests are skipped and this says what to run.

@@ -25,7 +25,7 @@ def default_model_dir():
 def cpu_kernels():
     """The C++ CPU kernels, which must build wherever a C++ compiler is (a broken kernel fails, never skips): modules
     take it through `kernel_marks.CPU_KERNELS`, which skips them on machines without a compiler."""
-    from mlc.layers.decode_kernel import build_failure, decode_kernel
+    from mlc.layers.cpu_kernels import build_failure, load
 
-    assert decode_kernel() is not None, f"the C++ CPU kernels failed to build: {build_failure()}"
+    assert load(), f"the C++ CPU kernels failed to build: {build_failure()}"
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from mlc.config.engine_config import SparseKVConfig
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.llm_engine import LLMEngine
-from mlc.engine.recovery import audit
 from mlc.engine.sampling_params import SamplingParams
 from mlc.errors import InvalidRequestError
 
@@ -108,12 +107,12 @@ def run_schedule(engine: LLMEngine, reqs: list[PlannedRequest], max_steps: int =
                     engine.add_request(r.rid, r.prompt, r.params, r.adapter_id)
                 except InvalidRequestError:
                     outcomes[r.rid].refused = True
-            if r.abort_step == step and r.rid in engine.requests:
+            if r.abort_step == step and engine.has_request(r.rid):
                 outcomes[r.rid].aborted = True
                 outcomes[r.rid].outputs.append(engine.abort(r.rid))
         for out in engine.step():
             outcomes[out.request_id].outputs.append(out)
-        problems = audit(engine)
+        problems = engine.recovery.audit()
         assert not problems, f"step {step}: {problems}"
         step += 1
         if step > max(r.arrive_step for r in reqs) and not engine.has_unfinished():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlc.layers.decode_kernel import compiler, kernels_off
+from mlc.layers.cpu_kernels import compiler, kernels_off
 
 CPU_KERNELS = [pytest.mark.skipif(compiler() is None or kernels_off(),
-                                  reason="no C++ compiler (or MLC_DECODE_KERNEL=0): torch's ops serve"),
+                                  reason="no C++ compiler (or MLC_CPU_KERNELS=0): torch's ops serve"),
                pytest.mark.usefixtures("cpu_kernels")]

@@ -19,6 +19,6 @@ def test_too_large_an_ask_fails_before_anything_starts_and_leaves_nothing_runnin
     assert result.returncode == 10, result.stdout + result.stderr
     assert "the cluster cannot hold 2 replica(s): CPU: needs 128" in result.stderr
     assert "Traceback" not in result.stderr
-    from mlc.deploy.cluster.ray_runtime import head_record_path, reachable
+    from mlc.cluster.ray_runtime import head_record_path, reachable
 
     assert not reachable(f"127.0.0.1:{port}") and not head_record_path(port).exists()  # the head it started is gone

@@ -7,7 +7,7 @@ import pytest
 
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
-from mlc.layers.decode_kernel import cpu_op
+from mlc.layers.cpu_kernels import cpu_op
 
 
 @pytest.fixture(scope="module")

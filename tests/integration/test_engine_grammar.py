@@ -12,7 +12,7 @@ import pytest
 from tiny_llama import build_tiny_llama
 
 from mlc.config.engine_config import EngineConfig
-from mlc.engine.grammar import GrammarCompiler, GrammarSpec
+from mlc.engine.grammar import GrammarSpec
 from mlc.engine.llm import LLM
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
@@ -30,9 +30,8 @@ def engine(tmp_path_factory):
 
 
 def test_constrained_and_free_requests_share_batches_under_preemption(engine):
-    compiler = GrammarCompiler(engine.tokenizer, engine.eos_ids, engine.model.config.vocab_size)
-    schema = compiler.compile(GrammarSpec.json_schema(SCHEMA))
-    regex = compiler.compile(GrammarSpec("regex", r"[a-c]{2,6}!"))
+    schema = GrammarSpec.json_schema(SCHEMA)
+    regex = GrammarSpec("regex", r"[a-c]{2,6}!")
     llm = LLM(engine=engine)
     prompts = [[5 + i, 40, 77, 3 + i] * 3 for i in range(8)]
     params = []

@@ -47,7 +47,7 @@ def run_all(engine: LLMEngine, prompts: dict[str, list[int]], params=GREEDY) -> 
             assert out.request_id not in finals, "a request ended twice"
             if out.finished:
                 finals[out.request_id] = out
-    assert recovery.audit(engine) == []
+    assert engine.recovery.audit() == []
     assert engine.page_manager.num_free_pages == engine.page_manager.usable_pages
     return finals
 
@@ -82,8 +82,8 @@ def test_a_whole_step_failing_ends_its_requests_and_the_engine_goes_on(base, cle
     ended = []
     while engine.has_unfinished():
         ended += [o for o in engine.step() if o.finished]
-    assert [o.outputs[0].finish_reason for o in ended] == ["error"] and engine.consecutive_failures == 1
-    assert run_all(engine, PROMPTS) and engine.consecutive_failures == 0  # a good step resets the count
+    assert [o.outputs[0].finish_reason for o in ended] == ["error"] and engine.recovery.consecutive_failures == 1
+    assert run_all(engine, PROMPTS) and engine.recovery.consecutive_failures == 0  # a good step resets the count
 
 
 def test_corrupted_accounting_is_rebuilt_and_sequences_recomputed(base, clean):
@@ -117,7 +117,7 @@ def test_one_poison_prompt_sent_again_and_again_does_not_kill_the_engine(base, c
     for i in range(2 * recovery.MAX_CONSECUTIVE_FAILURES):  # alone in its step each time: a whole-step failure
         engine.add_request(f"bad{i}", [1, 2, POISON], GREEDY)
         assert [o.outputs[0].finish_reason for o in engine.step()] == ["error"]
-    assert engine.consecutive_failures == 2 * recovery.MAX_CONSECUTIVE_FAILURES
+    assert engine.recovery.consecutive_failures == 2 * recovery.MAX_CONSECUTIVE_FAILURES
     assert run_all(engine, {"a": PROMPTS["a"]})["a"].outputs[0].token_ids == clean["a"]
 
 
@@ -139,7 +139,7 @@ def test_a_row_that_fails_to_sample_ends_only_its_request(base, clean, monkeypat
 def test_an_unrepairable_state_declares_the_engine_dead(base, monkeypatch):
     engine = fresh(base)
     poison_runner(engine)
-    monkeypatch.setattr(recovery, "audit", lambda engine: ["page 3: reference count 2, held by 1"])
+    monkeypatch.setattr(engine.recovery, "audit", lambda: ["page 3: reference count 2, held by 1"])
     engine.add_request("bad", [POISON], GREEDY)
     with pytest.raises(EngineDeadError, match="could not be repaired"):
         engine.step()

@@ -124,7 +124,7 @@ def test_a_preempted_compacted_sequence_is_recomputed_from_its_tokens(base, long
     llm = engine_like(base, sparse_kv=SPARSE)
     engine = llm.engine
     engine.add_request("r", long_prompts[0], GREEDY)
-    seq = engine.requests["r"].seqs[0]
+    seq = engine.outputs.requests["r"].seqs[0]
     while not (seq.output_ids and seq.num_cache_entries < seq.num_cached):
         engine.step()
     before = list(seq.output_ids)
@@ -166,7 +166,7 @@ def test_bench_kv_command_reports_exact_memory_and_capacity(tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from mlc.cli.bench_kv import register
+    from mlc.cli.bench.kv import register
     from mlc.errors import ConfigError
 
     app = typer.Typer()

@@ -13,10 +13,10 @@ import pytest
 from mlc.engine.grammar import GrammarCompiler
 from mlc.models.chat_templates import GLM4_CHAT_TEMPLATE, GLM45_CHAT_TEMPLATE
 from mlc.models.tokenizer import render_chat
-from mlc.server.schemas_agent import NamedToolChoice, ToolDef
-from mlc.server.tool_grammar import tool_call_grammar
-from mlc.server.tool_parsers import make_parser
-from mlc.server.tools import GENERIC_PROMPT, detect_format, for_template, setup_tools, template_knows_tools
+from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
+from mlc.server.chat.tool_grammar import tool_call_grammar
+from mlc.server.chat.tool_parsers import make_parser
+from mlc.server.chat.tools import GENERIC_PROMPT, detect_format, for_template, setup_tools, template_knows_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_glm import build_glm_tokenizer  # noqa: E402

@@ -14,10 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from mlc.config.cluster_config import ClusterConfig
-from mlc.deploy.cluster.affinity import AffinityTable, choose, chunk_hashes, prompt_text, rendezvous
-from mlc.deploy.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
-from mlc.deploy.cluster.metrics_merge import merge
-from mlc.deploy.cluster.resources import needed, raylets, replica_actor_options, shortfall, worker_resources
+from mlc.cluster.affinity import AffinityTable, choose, chunk_hashes, prompt_text, rendezvous
+from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
+from mlc.cluster.metrics_merge import merge
+from mlc.cluster.resources import needed, raylets, replica_actor_options, shortfall, worker_resources
 from mlc.errors import ClusterError, ConfigError
 
 SPLIT = {"model": "m", "hardware": "nvidia-h200", "nodes": ["a", "b"], "tensor_parallel_size": 4,
@@ -74,7 +74,7 @@ def test_a_cpu_node_carries_both_pools_on_one_raylet():
     (only,) = raylets(cfg, "cpu")
     assert only.head and only.pools == {"mlc_inference": 2, "mlc_training": 2}
     assert only.env("cpu") == {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH":
-                               "mlc.deploy.cluster.proxy_headers:middlewares"}
+                               "mlc.cluster.proxy_headers:middlewares"}
 
 
 # -- prefix affinity -------------------------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_the_bridge_runs_the_app_and_streams_until_the_caller_leaves():
 # -- launcher and errors before anything starts --------------------------------------------------------------------------
 def test_launcher_presets_and_commands():
     from mlc.cli.launcher import Mode, command_for, device_for
-    from mlc.deploy.cluster.presets import Hardware, find_preset, recommend
+    from mlc.cluster.presets import Hardware, find_preset, recommend
 
     assert find_preset("GLM5").name == "glm-5" and find_preset("glm-4.5").name == "glm-4.5"
     with pytest.raises(ConfigError, match="presets: glm5, glm4.5, glm4-9b, smollm2"):
@@ -195,7 +195,7 @@ def test_launcher_presets_and_commands():
 
 
 def test_missing_preset_weights_say_where_to_put_them(tmp_path, monkeypatch):
-    from mlc.deploy.cluster.presets import find_preset, weights_dir
+    from mlc.cluster.presets import find_preset, weights_dir
     from mlc.errors import ModelNotFoundError
 
     monkeypatch.setenv("MLC_HOME", str(tmp_path))
@@ -204,7 +204,7 @@ def test_missing_preset_weights_say_where_to_put_them(tmp_path, monkeypatch):
 
 
 def test_without_ray_the_command_says_how_to_install_it(monkeypatch):
-    from mlc.deploy.cluster.ray_runtime import require_ray
+    from mlc.cluster.ray_runtime import require_ray
 
     real = builtins.__import__
 
@@ -221,7 +221,7 @@ def test_without_ray_the_command_says_how_to_install_it(monkeypatch):
 def test_an_unreachable_address_fails_before_anything_starts():
     import socket
 
-    from mlc.deploy.cluster.ray_runtime import connect
+    from mlc.cluster.ray_runtime import connect
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -241,7 +241,7 @@ def test_deploy_without_a_cluster_config_says_what_to_pass(capsys):
 
 
 def test_a_stream_whose_replica_dies_ends_with_an_error_event_and_done():
-    from mlc.deploy.cluster.gateway import Gateway
+    from mlc.cluster.gateway import Gateway
 
     class DyingStream:
         cancelled = False
@@ -274,8 +274,8 @@ def test_a_stream_whose_replica_dies_ends_with_an_error_event_and_done():
 def test_a_roll_replaces_one_replica_at_a_time_and_the_printed_roll_keeps_the_trained_model():
     from ray import serve
 
-    from mlc.deploy.cluster.service import one_at_a_time
-    from mlc.train.ray_train import roll_command
+    from mlc.cluster.service import one_at_a_time
+    from mlc.cluster.train import roll_command
 
     class Replica:
         pass

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from mlc.layers import quant_kernels as qk
 from mlc.layers.activation import silu_and_mul
-from mlc.layers.decode_kernel import cpu_op
+from mlc.layers.cpu_kernels import cpu_op
 from mlc.layers.quant_linear import Int4Linear
 from mlc.layers.rotary import apply_rope_neox, rope_neox_fused
 

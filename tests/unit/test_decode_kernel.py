@@ -1,4 +1,4 @@
-"""The C++ decode-attention kernel (`layers/decode_kernel.py`): the SDPA path's result read in place through the
+"""The C++ decode-attention kernel (`layers/cpu_kernels.py`, `csrc/decode_attention.cpp`): the SDPA path's result read in place through the
 page table (fp32 to 1e-6, bf16 to its rounding), each sequence bit-identical alone and in any batch, and the
 SDPA path wherever it does not apply (a quantized KV cache, the kernel turned off)."""
 
@@ -12,9 +12,8 @@ import pytest
 import torch
 from kernel_marks import CPU_KERNELS
 
-from mlc.layers import attention
+from mlc.layers import attention, cpu_kernels
 from mlc.layers.attention import GroupKind, build_attention_metadata
-from mlc.layers.decode_kernel import decode_kernel
 from mlc.layers.kv_store import PagedTensor
 
 H, KV, D, PAGE = 9, 3, 64, 16
@@ -84,11 +83,14 @@ def test_quantized_caches_and_other_dtypes_take_the_sdpa_path():
     assert attention._decode_in_place(group, q, quantized, 0.125) is None
 
 
-def test_turned_off_by_the_environment():
-    code = "from mlc.layers.decode_kernel import kernel_status; print(kernel_status())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "MLC_DECODE_KERNEL": "0"})
-    assert out.returncode == 0 and out.stdout.strip().startswith("torch ops (SDPA decode attention")
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("MLC_CPU_KERNELS", "0")
+    monkeypatch.setattr(cpu_kernels, "_BUILT", [])  # this process's kernels forgotten: load() reads the environment
+    monkeypatch.setattr(cpu_kernels, "_LOADED", {})
+    assert cpu_kernels.kernel_status().startswith("torch ops (SDPA decode attention")
+    q, cache, tables = paged(torch.float32, [40])
+    (group,) = build_attention_metadata([1], [40], tables, PAGE).groups
+    assert attention._decode_in_place(group, q, cache, 0.125) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -112,8 +114,8 @@ def test_rms_norm_in_one_pass_equals_the_eager_ops_row_by_row(dtype):
 
 def test_a_stale_build_lock_is_removed(tmp_path):
     """A first build killed midway leaves torch's lock file behind, and torch would wait on it forever."""
-    code = ("import os, time, torch, mlc.layers.decode_kernel as k; from pathlib import Path\n"
-            "build = Path(os.environ['MLC_HOME']) / 'kernels' / f'decode_attention-torch{torch.__version__}-{k._cpu_key()}'\n"
+    code = ("import os, time, torch, mlc.layers.cpu_kernels as k; from pathlib import Path\n"
+            "build = Path(os.environ['MLC_HOME']) / 'kernels' / f'cpu_kernels-torch{torch.__version__}-{k._cpu_key()}'\n"
             "build.mkdir(parents=True); (build / 'lock').touch(); old = time.time() - 3600\n"
             "os.utime(build / 'lock', (old, old)); print(k.kernel_status())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlc.config.cluster_config import ClusterConfig
-from mlc.deploy.cluster.container import docker_run, store_note, volumes
-from mlc.deploy.cluster.resources import raylets
+from mlc.cluster.container import docker_run, store_note, volumes
+from mlc.cluster.resources import raylets
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -169,7 +169,7 @@ def test_each_raylet_runs_in_the_pinned_image_with_its_own_devices(tmp_path):
                             for r in raylets(cfg, "cuda"))
     assert head[:3] == ["docker", "run", "-d"] and "--network=host" in head
     assert head[head.index("--gpus") + 1] == '"device=0,1,2,3,4,5,6,7"'
-    assert "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=mlc.deploy.cluster.proxy_headers:middlewares" in head
+    assert "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=mlc.cluster.proxy_headers:middlewares" in head
     assert head[head.index("--entrypoint") + 1:head.index("--entrypoint") + 4] == ["mlc-env", cfg.image_ref, "ray"]
     assert head[-1] == "--block" and "--head" in head
     assert b_inf[b_inf.index("--gpus") + 1] == '"device=0,1,2,3"'

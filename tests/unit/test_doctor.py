@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from mlc.deploy import doctor_host
-from mlc.deploy.doctor import (
+from mlc.doctor import host as doctor_host
+from mlc.doctor.run import (
     DoctorOptions, blocking, check_ascend, check_config, check_hf_offline, check_memory, check_port,
     check_prompt_file, check_store, check_train_log, invisible_characters, run_doctor,
 )

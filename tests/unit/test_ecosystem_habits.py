@@ -89,7 +89,7 @@ def test_vllm_serve_flags(root):
     ]
     params = root.commands["serve"].make_context("serve", t.argv[1:]).params
     assert params["model_arg"] == "THUDM/glm-4-9b-chat" and params["max_seq_len"] == 4096
-    assert params["max_batch_size"] == 16 and params["kv_cache_fraction"] == 0.85 and params["prefix_caching"]
+    assert params["max_batch_size"] == 16 and params["kv_cache_fraction"] == 0.85 and params["enable_prefix_caching"]
     assert params["page_size"] == 16 and params["lora"] == ["support=runs/a", "qa=runs/b"]
     assert params["served_model_name"] == "glm4" and params["tensor_parallel_size"] == 2
 

@@ -19,7 +19,7 @@ from gguf.quants import dequantize as lib_dequantize
 from gguf.quants import quantize as lib_quantize
 
 from mlc.errors import ModelFormatError
-from mlc.models.gguf import (
+from mlc.models.gguf.convert import (
     convert_gguf,
     dequantize_tensor,
     hf_tensor_name,
@@ -27,7 +27,7 @@ from mlc.models.gguf import (
     permute_rope_rows,
     unpermute_rope_rows,
 )
-from mlc.models.gguf_tokenizer import build_tokenizer
+from mlc.models.gguf.tokenizer import build_tokenizer
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 CHATML = (
@@ -58,7 +58,7 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]], arch
 
 def byte_vocab() -> tuple[list[str], list[str], list[int]]:
     """A small byte-level BPE vocabulary: 3 control tokens, the 256 byte symbols, a few merges."""
-    from mlc.models.gguf_tokenizer import byte_alphabet
+    from mlc.models.gguf.tokenizer import byte_alphabet
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġa n", "Ġan d"]
@@ -289,7 +289,7 @@ def test_converted_tokenizer_loads_with_template(tiny_gguf):
 def test_rope_scaling_metadata(tmp_path):
     from gguf import RopeScalingType
 
-    from mlc.models.gguf import hf_config
+    from mlc.models.gguf.convert import hf_config
 
     meta = {"add_rope_scaling_type": RopeScalingType.LINEAR, "add_rope_scaling_factor": 2.0}
     write_tiny_llama_gguf(tmp_path / "linear.gguf", extra_meta=meta)
@@ -301,7 +301,7 @@ def test_llama3_rope_factors_are_recovered(tmp_path):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from mlc.models.gguf_llama_config import _llama3_factors, hf_config
+    from mlc.models.gguf.llama_config import _llama3_factors, hf_config
 
     dim = TINY["head_dim"]
     inv_freq = 1.0 / 50000.0 ** (np.arange(0, dim, 2) / dim)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_gguf import byte_vocab, write_gguf  # noqa: E402
 
 from mlc.errors import ModelFormatError  # noqa: E402
-from mlc.models.gguf import convert_gguf  # noqa: E402
+from mlc.models.gguf.convert import convert_gguf  # noqa: E402
 
 TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96)
 # HF Glm4 module -> llama.cpp tensor (gguf/tensor_mapping.py, "glm-4-0414")

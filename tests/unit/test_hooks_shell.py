@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mlc.server.hooks import HOOK_ENV, HookRunner, HooksConfig, hook_env
+from mlc.server.observability.hooks import HOOK_ENV, HookRunner, HooksConfig, hook_env
 
 ATTACK = "$(touch {d}/pwned1); touch {d}/pwned2; `touch {d}/pwned3` && touch {d}/pwned4 | touch {d}/pwned5"
 
@@ -83,7 +83,7 @@ def test_timeout_kills_the_whole_hook_and_is_logged(tmp_path, caplog):
     line = f"sleep 30; touch {tmp_path}/late"
     runner = HookRunner(HooksConfig(post_inference=line, timeout_s=0.5))
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="mlc.server.hooks"):
+    with caplog.at_level(logging.WARNING, logger="mlc.server.observability.hooks"):
         assert runner.run_one(line, b"{}") is False
     assert time.monotonic() - start < 10 and runner.failures == 1
     assert "timed out after 0.5s and was killed" in caplog.text
@@ -94,7 +94,7 @@ def test_timeout_kills_the_whole_hook_and_is_logged(tmp_path, caplog):
 def test_failure_is_logged_with_its_stderr(caplog):
     line = "echo broken >&2; exit 3"
     runner = HookRunner(HooksConfig(post_inference=line))
-    with caplog.at_level(logging.WARNING, logger="mlc.server.hooks"):
+    with caplog.at_level(logging.WARNING, logger="mlc.server.observability.hooks"):
         assert runner.run_one(line, b"{}") is False
     assert "exited with 3" in caplog.text and "broken" in caplog.text
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from mlc.config.hardware import detect_cpu, load_profile
-from mlc.deploy.model_facts import inspect_model
-from mlc.deploy.plan import PlanRequest, evaluate, kv_bytes_per_token, plan, weight_bytes
-from mlc.deploy.shapes import PUBLISHED, SHAPES
+from mlc.plan.model_facts import inspect_model
+from mlc.plan.planner import PlanRequest, evaluate, kv_bytes_per_token, plan, weight_bytes
+from mlc.plan.shapes import PUBLISHED, SHAPES
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.memory import plan_cache
 from mlc.errors import ConfigError, ModelFormatError, ModelNotFoundError
@@ -59,7 +59,7 @@ def test_weight_bytes_per_dtype(facts):
 
 def test_default_model_figures_equal_the_engines_allocation(facts):
     """Plan's KV bytes/token and pages for the default model against a real KVCache of that many pages."""
-    from mlc.deploy.shapes import hf_config_for
+    from mlc.plan.shapes import hf_config_for
     from mlc.models.loader import build_model
 
     cfg = hf_config_for(SHAPES[DEFAULT])

@@ -308,7 +308,7 @@ def test_bench_quant_command_registers():
     import typer
     from typer.testing import CliRunner
 
-    from mlc.cli.bench_quant import register
+    from mlc.cli.bench.quant import register
 
     app = typer.Typer()
     register(app)

@@ -7,7 +7,7 @@ import pytest
 from mlc.config.serve_config import ServeConfig
 from mlc.errors import ConfigError, ContextLengthError, InvalidRequestError
 from mlc.server.auth import check_authorization, is_open, keys_from_env
-from mlc.server.hooks import HookRunner, HooksConfig, load_hooks
+from mlc.server.observability.hooks import HookRunner, HooksConfig, load_hooks
 from mlc.server.params import Limits, completion_budget, resolve_context
 
 

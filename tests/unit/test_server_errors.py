@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from mlc.errors import AuthError, ContextLengthError, InvalidRequestError, QueueFullError, ServiceUnavailableError
 from mlc.server.errors import describe_validation_error, is_json, mlc_error_response, unreadable_body
-from mlc.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from mlc.server.protocol.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 
 def errors_of(schema, body: dict) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 from mlc.errors import ContextLengthError, InvalidRequestError
 from mlc.server.input_policy import InputPolicy
 from mlc.server.prompting import chat_messages, check_chars, off_loop
-from mlc.server.schemas import ChatMessage
+from mlc.server.protocol.schemas import ChatMessage
 from mlc.server.token_text import TokenText
 
 

@@ -13,7 +13,7 @@ from mlc.engine.page_manager import PageManager
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.sampling_params import SamplingParams
-from mlc.engine.scheduler import ScheduledSeq
+from mlc.engine.sequence import ScheduledSeq
 from mlc.engine.sequence import Sequence
 from mlc.engine.sparse_kv import SparseKV, SparseKVPolicy, entry_positions
 from mlc.layers.attention import build_attention_metadata

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from mlc.errors import IntegrityError, ModelFormatError, ModelNotFoundError
-from mlc.models import store, store_pull, store_verify
+from mlc.models import store
+from mlc.models.store import pulling as store_pull
+from mlc.models.store import verifying as store_verify
 
 NAME = "smollm2-135m-instruct"
 
@@ -307,7 +309,7 @@ def flip_byte(path: Path, offset: int) -> None:
 
 
 def between_samples(size: int) -> int:
-    from mlc.models.integrity import SAMPLE_CHUNK, sample_offsets
+    from mlc.models.store.integrity import SAMPLE_CHUNK, sample_offsets
 
     first, second = sample_offsets(size)[:2]
     assert second > first + SAMPLE_CHUNK + 1000
@@ -319,7 +321,7 @@ FAILED = r"model 'fake' failed verification: model\.safetensors has a different 
 
 
 def test_cheap_check_refuses_a_flip_inside_a_sampled_chunk_with_the_verify_message(home):
-    from mlc.models.integrity import sample_offsets
+    from mlc.models.store.integrity import sample_offsets
 
     root = fake_store_model(home)
     store.check_at_load(root)
@@ -332,7 +334,7 @@ def test_cheap_check_refuses_a_flip_inside_a_sampled_chunk_with_the_verify_messa
 
 
 def test_flip_outside_the_samples_is_refused_with_verify(home):
-    from mlc.cli import common
+    from mlc.cli.engine_options import EngineArgs
     from mlc.cli.serve import check_model
 
     root = fake_store_model(home)
@@ -344,7 +346,7 @@ def test_flip_outside_the_samples_is_refused_with_verify(home):
     with pytest.raises(IntegrityError, match=FAILED):
         check_model("fake", verify=True)  # `serve --verify`, before the port is bound
     with pytest.raises(IntegrityError, match=FAILED):
-        common.engine_config(model="fake", verify=True)  # generate, chat, bench offline
+        EngineArgs(flags={"model": "fake", "verify": True}).resolve()  # generate, chat, bench offline and tp
     done = cli("generate", "--model", "fake", "--verify", "-p", "hi", home=home)
     assert done.returncode == IntegrityError.exit_code
     assert "model.safetensors has a different sha256" in error_line(done)
@@ -398,7 +400,7 @@ def test_old_manifest_is_checked_in_full_once_then_gets_sampled_hashes(home, mon
 
 @pytest.mark.parametrize("entry", ["../../../../etc/hostname", "/etc/hostname", "link", "sub/../../outside.txt"])
 def test_manifest_names_must_stay_inside_the_model_dir(home, tmp_path, monkeypatch, entry):
-    from mlc.models import integrity
+    from mlc.models.store import integrity
 
     outside = tmp_path / "outside.txt"
     outside.write_text("secret")

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from mlc.server.assistant_output import AssistantOutput, assemble, finish_reason
-from mlc.server.reasoning import ReasoningSplitter, starts_inside, template_reasons
-from mlc.server.tool_parsers import make_parser
+from mlc.server.chat.assistant_output import AssistantOutput, assemble, finish_reason
+from mlc.server.chat.reasoning import ReasoningSplitter, starts_inside, template_reasons
+from mlc.server.chat.tool_parsers import make_parser
 
 TOOLS = {
     "get_weather": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},

@@ -296,7 +296,7 @@ def test_other_run_modes_name_our_command(root, mode, equivalent):
 
 
 def test_section_6_hook_line_is_accepted_and_runs_as_written(tmp_path):
-    from mlc.server.hooks import HookRunner, HooksConfig
+    from mlc.server.observability.hooks import HookRunner, HooksConfig
 
     log = tmp_path / "logs/inference_audit.log"
     log.parent.mkdir()

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from mlc.engine.outputs import EngineStats
 from mlc.errors import ConfigError, DataError
-from mlc.server.metrics_history import LatencyWindow, MetricsHistory, percentile
+from mlc.server.observability.metrics_history import LatencyWindow, MetricsHistory, percentile
 from mlc.train.logging import TrainLog
 from mlc.train.run_view import read_run
 from mlc.train.ui import TrainUI, build_app

@@ -21,8 +21,8 @@ def gguf_of(model: str) -> Path | None:
     """The GGUF file a model came from: the file itself, or a store model's pinned source."""
     if model.endswith(".gguf") and Path(model).is_file():
         return Path(model)
-    from mlc.models.known_models import KNOWN_MODELS
-    from mlc.models.store_pull import gguf_source_file
+    from mlc.models.store.known_models import KNOWN_MODELS
+    from mlc.models.store.pulling import gguf_source_file
 
     known = KNOWN_MODELS.get(model)
     if known is None or not getattr(known, "gguf_sha256", None):

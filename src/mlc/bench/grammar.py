@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from mlc.engine.grammar import GrammarCompiler, GrammarSpec
+from mlc.engine.grammar import GrammarCompiler, GrammarSpec, advance
 from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import Sequence
@@ -29,7 +29,8 @@ SCHEMA = {"type": "object", "properties": {
 
 def _seqs(batch: int, constrained: int, grammar) -> list[Sequence]:
     return [Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_new_tokens=10_000, temperature=0.0,
-                                                        grammar=grammar if i < constrained else None))
+                                                        grammar=grammar.spec if i < constrained else None),
+                     grammar=grammar if i < constrained else None)
             for i in range(batch)]
 
 
@@ -44,9 +45,11 @@ def step_ms(sampler: Sampler, seqs: list[Sequence], vocab: int, steps: int, eos:
         times.append(time.perf_counter() - t0)
         for i, (token, _) in enumerate(results):
             if token in eos:
-                seqs[i] = Sequence(seqs[i].request_id, [1, 2, 3], seqs[i].params)
-            else:
+                seqs[i] = Sequence(seqs[i].request_id, [1, 2, 3], seqs[i].params, grammar=seqs[i].grammar)
+            else:  # what Scheduler.postprocess does with a token
                 seqs[i].output_ids.append(token)
+                if seqs[i].matcher is not None:
+                    advance(seqs[i].matcher, token)
     return 1000 * statistics.median(times)
 
 

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from mlc.cli import common
+from mlc.cli.engine_options import EngineArgs, engine_options
 
 console = Console()
 HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
@@ -16,35 +16,22 @@ HELP = "commands: /reset clears the conversation, /exit (or Ctrl-D) quits"
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @engine_options()
     def chat(
-        model: common.ModelOpt = "smollm2-135m-instruct",
         system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n")] = 512,
         temperature: float = 0.7,
         top_p: float = 0.9,
-        seed: Optional[int] = None,
-        device: common.DeviceOpt = "cpu",
-        dtype: common.DtypeOpt = "auto",
-        weight_dtype: common.WeightDtypeOpt = None,
-        kv_cache_dtype: common.KVDtypeOpt = None,
-        kv_cache_memory: common.KVMemOpt = None,
-        max_seq_len: common.SeqLenOpt = None,
-        config: common.ConfigOpt = None,
-        verify: common.VerifyOpt = None,
-        tensor_parallel_size: common.TPOpt = None,
-        compile_: common.CompileOpt = None,
-        enable_expert_parallel: common.EPOpt = None,
+        seed: Annotated[Optional[int], typer.Option(help="Sampling seed of every reply.")] = None,
+        *,
+        engine: EngineArgs,
     ) -> None:
         """Chat with a model in the terminal, using its chat template."""
         from mlc.engine.llm import LLM
         from mlc.engine.sampling_params import SamplingParams
         from mlc.errors import MlcError
 
-        cfg = common.engine_config(config, model=model, device=device, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                   weight_dtype=weight_dtype, compile=compile_,
-                                   kv_cache_memory=kv_cache_memory, max_seq_len=max_seq_len, verify=verify,
-                                   tensor_parallel_size=tensor_parallel_size,
-                                   enable_expert_parallel=enable_expert_parallel)
+        cfg = engine.resolve()
         with console.status(f"loading {cfg.model}"):
             llm = LLM(config=cfg)
         console.print(f"[bold]{cfg.model}[/] ready. {HELP}")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from mlc.cli import common
+from mlc.cli.engine_options import option
 from mlc.errors import ConfigError
 
 console = Console()
@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         tensor_parallel_size: Annotated[int, typer.Option(
             "--tensor-parallel-size", "--tp", help="Ranks the output will be served on: checked to shard evenly, "
             "and the MLP width padded so that each rank's slice keeps the alignment.")] = 1,
-        enable_expert_parallel: common.EPOpt = None,
+        enable_expert_parallel: option("enable_expert_parallel") = None,
     ) -> None:
         """Offline compile: fused q|k|v and gate|up, quantized weights, aligned dims, sha256 manifest."""
         from mlc.layers.quant import check_options

@@ -38,7 +38,7 @@ def load_cluster(path: Path | None, ctx: typer.Context | None = None):
 def _serve_config(path: Path, cluster, model: str | None, loras: dict[str, str], api_keys: list[str]):
     from mlc.config.loader import load_config, read_yaml
     from mlc.config.serve_config import ServeConfig
-    from mlc.deploy.cluster.service import resolve_paths
+    from mlc.cluster.service import resolve_paths
     from mlc.server.auth import keys_from_env
 
     serve_path = None
@@ -72,9 +72,9 @@ def deploy(
         ctx.obj = {"cluster_config": cluster_config}
         return
     from mlc.cli.serve import parse_loras
-    from mlc.deploy.cluster.ray_runtime import require_ray
-    from mlc.deploy.cluster.service import deploy as run_deploy
-    from mlc.server.hooks import load_hooks
+    from mlc.cluster.ray_runtime import require_ray
+    from mlc.cluster.service import deploy as run_deploy
+    from mlc.server.observability.hooks import load_hooks
 
     path, cluster = load_cluster(cluster_config)
     serve_cfg = _serve_config(path, cluster, model, parse_loras(lora), list(api_key or []))
@@ -98,8 +98,8 @@ def deploy(
 def status_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None,
                as_json: bool = typer.Option(False, "--json", help="Print the status as JSON.")) -> None:
     """The replicas: health, load, model and adapters; and Ray Serve's view of the deployment."""
-    from mlc.deploy.cluster.ray_runtime import require_ray
-    from mlc.deploy.cluster.status import status
+    from mlc.cluster.ray_runtime import require_ray
+    from mlc.cluster.status import status
 
     _, cluster = load_cluster(cluster_config, ctx)
     require_ray("mlc-cli deploy status")
@@ -128,8 +128,8 @@ def status_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None,
 @deploy_app.command("down")
 def down_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
     """Stop the replicas and the endpoint (and the Ray head `deploy` started here for `ray_address: local`)."""
-    from mlc.deploy.cluster.ray_runtime import require_ray
-    from mlc.deploy.cluster.service import down
+    from mlc.cluster.ray_runtime import require_ray
+    from mlc.cluster.service import down
 
     _, cluster = load_cluster(cluster_config, ctx)
     require_ray("mlc-cli deploy down")
@@ -141,8 +141,8 @@ def down_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
 def nodes_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
     """The `ray start` line to run on each node (a `docker run` of the file's `image` when it names one), which gives
     Ray the pools of the cluster config."""
-    from mlc.deploy.cluster.ray_runtime import parse_address
-    from mlc.deploy.cluster.resources import DEFAULT_RAY_PORT, device_kind, raylets
+    from mlc.cluster.ray_runtime import parse_address
+    from mlc.cluster.resources import DEFAULT_RAY_PORT, device_kind, raylets
 
     path, cluster = load_cluster(cluster_config, ctx)
     kind = device_kind(cluster)
@@ -152,7 +152,7 @@ def nodes_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None) -> None:
     if not address.is_local and address.text.count(":") == 1:
         port = int(address.text.rpartition(":")[2])
     if cluster.image:  # each raylet in the image (docker/): its replicas and training workers run there
-        from mlc.deploy.cluster.container import docker_run, store_note
+        from mlc.cluster.container import docker_run, store_note
 
         console.print(f"each node runs Ray in {cluster.image_ref} (built from docker/ with "
                       "--build-arg MLC_EXTRAS=serve,cluster,train)", highlight=False)
@@ -175,7 +175,7 @@ def train_on_cluster_cmd(cluster_path: Path, config: Path | None, args: list[str
     import os
 
     from mlc.config.loader import load_train_config
-    from mlc.train.ray_train import roll_command, train_on_cluster
+    from mlc.cluster.train import roll_command, train_on_cluster
 
     path, cluster = load_cluster(cluster_path)
     if config is None and cluster.training.config:

@@ -25,7 +25,7 @@ def doctor_command(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
     """Check the host, the model store, a port, and optionally a config, a prompt file and a training log."""
-    from mlc.deploy.doctor import DoctorOptions, blocking, run_doctor
+    from mlc.doctor.run import DoctorOptions, blocking, run_doctor
 
     checks = run_doctor(DoctorOptions(prompt_file, train_log, config, hardware, port, host, model or None, not no_store))
     if as_json:

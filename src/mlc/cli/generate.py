@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mlc.bench.prompts import read_prompt_rows
-from mlc.cli import common
+from mlc.cli.engine_options import EngineArgs, engine_options
 from mlc.errors import InvalidRequestError
 
 console = Console()
@@ -19,8 +19,8 @@ console = Console()
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @engine_options()
     def generate(
-        model: common.ModelOpt = "smollm2-135m-instruct",
         prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="Prompt text.")] = None,
         prompts_file: Annotated[Optional[Path], typer.Option(
             "--prompts-file", "--prompt-file", help="JSONL of prompts.")] = None,
@@ -31,20 +31,11 @@ def register(app: typer.Typer) -> None:
         temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        seed: Optional[int] = None,
+        seed: Annotated[Optional[int], typer.Option(
+            help="Sampling seed of every prompt (same seed, same output, batched or not).")] = None,
         stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
-        device: common.DeviceOpt = "cpu",
-        dtype: common.DtypeOpt = "auto",
-        weight_dtype: common.WeightDtypeOpt = None,
-        kv_cache_dtype: common.KVDtypeOpt = None,
-        kv_cache_memory: common.KVMemOpt = None,
-        max_batch_size: common.BatchOpt = None,
-        max_seq_len: common.SeqLenOpt = None,
-        config: common.ConfigOpt = None,
-        verify: common.VerifyOpt = None,
-        tensor_parallel_size: common.TPOpt = None,
-        compile_: common.CompileOpt = None,
-        enable_expert_parallel: common.EPOpt = None,
+        *,
+        engine: EngineArgs,
     ) -> None:
         """Generate text offline (no server)."""
         from mlc.engine.llm import LLM
@@ -53,12 +44,7 @@ def register(app: typer.Typer) -> None:
         if (prompt is None) == (prompts_file is None):
             raise InvalidRequestError("give exactly one of --prompt or --prompts-file")
         rows = read_prompt_rows(prompts_file) if prompts_file else [{"prompt": prompt, "chat": chat}]
-        cfg = common.engine_config(
-            config, model=model, device=device, dtype=dtype, weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-            kv_cache_memory=kv_cache_memory, max_batch_size=max_batch_size, max_seq_len=max_seq_len, verify=verify,
-            compile=compile_,
-            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
-        )
+        cfg = engine.resolve()
         llm = LLM(config=cfg)
         prompts, params = [], []
         for row in rows:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlc.deploy.cluster.presets import BATCH
+from mlc.cluster.presets import BATCH
 from mlc.errors import ConfigError
 
 console = Console(stderr=True, soft_wrap=True)
@@ -35,7 +35,7 @@ def device_for(device: str, device_id: int | None) -> str:
 
 def model_arg(preset, path) -> str:
     """The store name when the store holds the preset (clients then see that name), else its directory."""
-    from mlc.models.store_paths import is_pulled
+    from mlc.models.store.paths import is_pulled
 
     return preset.name if is_pulled(preset.name) else str(path)
 
@@ -81,7 +81,7 @@ def make_command(alias: str):
         device_id: Optional[int] = typer.Option(None, "--device-id", min=0, help="Accelerator index to run on."),
     ) -> None:
         from mlc.cli import main as cli_main
-        from mlc.deploy.cluster.presets import detect_hardware, find_preset, recommend, weights_dir
+        from mlc.cluster.presets import detect_hardware, find_preset, recommend, weights_dir
 
         preset = find_preset(alias)
         hw = detect_hardware()
@@ -102,7 +102,7 @@ def make_command(alias: str):
 
 
 def register(app: typer.Typer) -> None:
-    from mlc.deploy.cluster.presets import PRESETS
+    from mlc.cluster.presets import PRESETS
 
     for preset in PRESETS:
         for i, alias in enumerate(preset.aliases):

@@ -30,7 +30,7 @@ def _short(revision: str | None) -> str:
 def list_cmd() -> None:
     """Known and pulled models."""
     from mlc.config.paths import models_dir
-    from mlc.models.store_info import list_models
+    from mlc.models.store.listing import list_models
 
     table = Table(title=f"models in {models_dir()}")
     for col in ("name", "status", "size", "revision", "description"):
@@ -48,7 +48,7 @@ def pull_cmd(
     force: bool = typer.Option(False, "--force", help="Convert again even if the model is in the store."),
 ) -> None:
     """Install and convert a model into the store (a no-op when it is already there)."""
-    from mlc.models.store_pull import pull
+    from mlc.models.store.pulling import pull
 
     if quiet:
         result = pull(name, force=force)
@@ -70,7 +70,7 @@ def pull_cmd(
 @models_app.command("verify")
 def verify_cmd(name: str = typer.Argument(..., help="A model in the store.")) -> None:
     """Recompute every file's sha256 against the manifest; fails naming the file that differs."""
-    from mlc.models.store_verify import verify
+    from mlc.models.store.verifying import verify
 
     files = verify(name)
     table = Table(title=f"{name}: all {len(files)} files match the manifest")
@@ -84,7 +84,7 @@ def verify_cmd(name: str = typer.Argument(..., help="A model in the store.")) ->
 @models_app.command("info")
 def info_cmd(name: str = typer.Argument(..., help="A model in the store.")) -> None:
     """Source, revision, conversion date and architecture of a pulled model."""
-    from mlc.models.store_info import info
+    from mlc.models.store.listing import info
 
     data = info(name)
     table = Table(title=name, show_header=False)

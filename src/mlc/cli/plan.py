@@ -92,8 +92,8 @@ def plan_command(
     from mlc.config.hardware import load_profile
     from mlc.config.loader import load_config
     from mlc.config.serve_config import ServeConfig
-    from mlc.deploy.model_facts import inspect_model
-    from mlc.deploy.plan import PlanRequest, plan
+    from mlc.plan.model_facts import inspect_model
+    from mlc.plan.planner import PlanRequest, plan
 
     overrides = {
         "engine.model": model, "engine.kv_cache_dtype": kv_dtype, "engine.weight_dtype": weight_dtype,

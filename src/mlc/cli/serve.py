@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from mlc.cli import common
+from mlc.cli.engine_options import EngineArgs, engine_options
 from mlc.errors import ConfigError
 
 err = Console(stderr=True)
@@ -73,29 +74,13 @@ def check_model(model: str, verify: bool = False) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command()
+    @engine_options(config_help="Serve config YAML (engine: keys and the server's); flags override it.")
     def serve(
         model_arg: Annotated[Optional[str], typer.Argument(
             metavar="MODEL", help="Store name, HF checkpoint dir, org/name in the HF cache or .gguf file "
             "(same as --model).", show_default=False)] = None,
-        model: common.ModelOpt = None,
         host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
         port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
-        config: common.ConfigOpt = None,
-        device: common.DeviceOpt = None,
-        dtype: common.DtypeOpt = None,
-        weight_dtype: common.WeightDtypeOpt = None,
-        kv_cache_dtype: common.KVDtypeOpt = None,
-        kv_cache_memory: common.KVMemOpt = None,
-        kv_cache_fraction: Annotated[Optional[float], typer.Option(
-            help="Share of the memory free after the weights load that the KV cache takes, when --kv-cache-memory "
-            "is not given (default 0.5; vLLM's --gpu-memory-utilization reads as this).")] = None,
-        page_size: common.PageSizeOpt = None,
-        max_batch_size: common.BatchOpt = None,
-        max_seq_len: common.SeqLenOpt = None,
-        max_num_batched_tokens: common.TokensOpt = None,
-        prefix_caching: Annotated[Optional[bool], typer.Option(
-            "--prefix-caching/--no-prefix-caching", "--enable-prefix-caching/--no-enable-prefix-caching")] = None,
-        seed: Annotated[Optional[int], typer.Option(help="Engine seed for unseeded sampling.")] = None,
         api_key: Annotated[Optional[list[str]], typer.Option(
             "--api-key", help="Accepted bearer key (repeatable); MLC_API_KEY may hold more, comma-separated.")] = None,
         max_queue: Annotated[Optional[int], typer.Option(
@@ -120,29 +105,19 @@ def register(app: typer.Typer) -> None:
             "chat template.")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
-        threads: Annotated[Optional[int], typer.Option(help="CPU compute threads (default: one per core).")] = None,
-        tensor_parallel_size: common.TPOpt = None,
-        compile_: common.CompileOpt = None,
-        enable_expert_parallel: common.EPOpt = None,
-        verify: common.VerifyOpt = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
         access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
+        *,
+        engine: EngineArgs,
     ) -> None:
         """Serve a model over HTTP: /generate, /v1/completions, /v1/chat/completions, /metrics, a chat page at /.
 
         Also takes vLLM's and MindIE's flag names (--gpu-memory-utilization, --device_id, ...; see the README);
         each one translated prints what it became."""
-        from mlc.server.hooks import load_hooks
+        from mlc.server.observability.hooks import load_hooks
         from mlc.server.run import build_server
 
-        overrides = common.engine_overrides(
-            model=pick_model(model_arg, model), device=device, kv_cache_fraction=kv_cache_fraction, dtype=dtype,
-            weight_dtype=weight_dtype, kv_cache_dtype=kv_cache_dtype,
-            kv_cache_memory=kv_cache_memory, page_size=page_size, max_batch_size=max_batch_size,
-            max_seq_len=max_seq_len, max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=prefix_caching, seed=seed, num_threads=threads, verify=verify, compile=compile_,
-            tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
-        )
+        overrides = engine.overrides() | {"engine.model": pick_model(model_arg, engine.flags["model"])}
         overrides |= {
             "host": host, "port": port, "max_queue": max_queue, "request_timeout_s": request_timeout,
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
@@ -153,7 +128,7 @@ def register(app: typer.Typer) -> None:
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)
         notes: list[str] = []
-        cfg = build_config(config, overrides, list(api_key or []), parse_profiles(context_profile), notes)
+        cfg = build_config(engine.config, overrides, list(api_key or []), parse_profiles(context_profile), notes)
         common.print_notes(notes)
         hooks = load_hooks()
         check_model(cfg.engine.model, cfg.engine.verify)

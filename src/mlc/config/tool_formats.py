@@ -1,4 +1,4 @@
-"""The tool-call formats the server reads (`server/tool_parsers.py`), by name, for --tool-call-parser."""
+"""The tool-call formats the server reads (`server/chat/tool_parsers.py`), by name, for --tool-call-parser."""
 
 from __future__ import annotations
 

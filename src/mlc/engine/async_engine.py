@@ -15,25 +15,20 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from functools import cached_property
-from typing import TYPE_CHECKING
 
+from mlc.engine.grammar import GrammarSpec
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.outputs import EngineStats, RequestOutput
-from mlc.engine.recovery import recover
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import EngineDeadError, EngineStepError, InvalidRequestError, MlcError
-
-if TYPE_CHECKING:
-    from mlc.engine.grammar import GrammarCompiler
 
 log = logging.getLogger("mlc.engine")
 
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, served_name: str | None = None):
-        self.engine = engine
+        self._engine = engine
         self.model_name = served_name or engine.model_name  # the name requests use for the base model
         self._queues: dict[str, asyncio.Queue] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -62,65 +57,72 @@ class AsyncEngine:
     # -- what a client may know and ask -----------------------------------------------------------------------
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._engine.tokenizer
 
     @property
     def max_seq_len(self) -> int:
-        return self.engine.max_seq_len
+        return self._engine.max_seq_len
 
     @property
     def max_batch_size(self) -> int:
-        return self.engine.max_batch_size
+        return self._engine.max_batch_size
+
+    @property
+    def page_size(self) -> int:
+        return self._engine.config.page_size
+
+    @property
+    def num_pages(self) -> int:
+        """KV pages a request can use (the reserved null page not counted)."""
+        return self._engine.page_manager.usable_pages
 
     @property
     def weights(self) -> str:
         """What the weights run as, and why (`describe_weights`)."""
-        return self.engine.weights
+        return self._engine.weights
 
     @property
     def vocab_size(self) -> int:
-        return self.engine.model.config.vocab_size
+        return self._engine.model.config.vocab_size
 
     @property
     def adapter_names(self) -> list[str]:
-        return list(self.engine.adapter_ids)
+        return list(self._engine.adapter_ids)
 
     def adapter_id(self, name: str | None) -> int:
         """0 for the base model (None or its served name), else a served LoRA adapter's id; 404 otherwise."""
-        return 0 if name == self.model_name else self.engine.adapter_id(name)
+        return 0 if name == self.model_name else self._engine.adapter_id(name)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.engine.encode(text, add_special_tokens)
+        return self._engine.encode(text, add_special_tokens)
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                     template_kwargs: dict | None = None) -> tuple[str, list[int]]:
         if tools is None and not template_kwargs:
-            return self.engine.chat_prompt(messages, add_generation_prompt)
+            return self._engine.chat_prompt(messages, add_generation_prompt)
         from mlc.models.tokenizer import render_chat
 
         text = render_chat(self.tokenizer, messages, add_generation_prompt, tools, template_kwargs)
-        return text, self.engine.encode(text, add_special_tokens=False)
+        return text, self._engine.encode(text, add_special_tokens=False)
 
-    @cached_property
-    def grammars(self) -> GrammarCompiler:
-        """Structured-output grammars for this model's tokenizer, each compiled once (engine/grammar.py)."""
-        from mlc.engine.grammar import GrammarCompiler
-
-        return GrammarCompiler(self.engine.tokenizer, self.engine.eos_ids, self.vocab_size)
+    def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Compile a structured-output spec now (cached; a 400 naming its field if it cannot be), so that adding
+        the request finds it ready: slow for a first grammar, so call it off the event loop."""
+        self._engine.compile_grammar(spec)
 
     def check_token_ids(self, ids: list[int], field: str) -> None:
-        self.engine.check_token_ids(ids, field)
+        self._engine.check_token_ids(ids, field)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+        return self._engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
                                             clean_up_tokenization_spaces=False)
 
     def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
                  context_source: str = "the context limit") -> None:
-        self.engine.validate(ids, params, context, context_source)
+        self._engine.validate(ids, params, context, context_source)
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        return self._engine.stats()
 
     # -- requests ----------------------------------------------------------------------------------------------
     def generate(
@@ -172,7 +174,7 @@ class AsyncEngine:
         """Sequences queued and not yet running: requests not yet handed to the scheduler, then its waiting queue."""
         with self._lock:
             unstarted = sum(self._unstarted.values())
-        return unstarted + self.engine.waiting_samples()
+        return unstarted + self._engine.waiting_samples()
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """End a request before its next step (its pages freed); a consumer still reading gets the final output."""
@@ -198,18 +200,18 @@ class AsyncEngine:
                 if rid not in self._queues:
                     continue  # the caller went away before its request started
                 try:
-                    self.engine.add_request(rid, prompt, params, adapter_id, validated)
+                    self._engine.add_request(rid, prompt, params, adapter_id, validated)
                 except MlcError as e:
                     self._deliver(rid, e)
                 except Exception as e:  # a bug in admission: this request fails, the engine is checked
-                    ended = recover(self.engine, e, [rid])
+                    ended = self._engine.fail_requests(e, [rid])
                     self._deliver(rid, ended[0].error if ended else EngineStepError(
                         f"internal engine error admitting this request ({type(e).__name__}: {e}); retry it"))
             else:
                 try:
-                    final = [self.engine.abort(cmd[1], cmd[2])]
+                    final = [self._engine.abort(cmd[1], cmd[2])]
                 except Exception as e:
-                    final = recover(self.engine, e, [cmd[1]])
+                    final = self._engine.fail_requests(e, [cmd[1]])
                 self._deliver_all(o for o in final if o is not None)  # a waiting consumer sees the request end
                 if final == [None]:
                     self._deliver_lost()
@@ -227,13 +229,13 @@ class AsyncEngine:
     def _loop_steps(self) -> None:
         while not self._stopped.is_set():
             self._apply_commands()
-            if not self.engine.has_unfinished():
+            if not self._engine.has_unfinished():
                 self._wake.wait(0.5)
                 self._wake.clear()
-                self.engine.check_alive()  # an idle engine still notices a lost worker (/health answers 503)
+                self._engine.check_alive()  # an idle engine still notices a lost worker (/health answers 503)
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self._engine.step()
             except EngineDeadError:
                 raise
             except MlcError as e:
@@ -255,7 +257,7 @@ class AsyncEngine:
         with self._lock:
             unstarted = set(self._unstarted)
         for rid in list(self._queues):
-            if rid not in self.engine.requests and rid not in unstarted:
+            if not self._engine.has_request(rid) and rid not in unstarted:
                 self._deliver(rid, EngineStepError("this request was lost while the engine recovered from an "
                                                    "internal error; retry it"))
 
@@ -268,6 +270,6 @@ class AsyncEngine:
             self.on_dead(err)
 
     def _fail_all(self, err: MlcError) -> None:
-        for rid in list(self.engine.requests):
-            self.engine.abort(rid)
+        for rid in self._engine.request_ids():
+            self._engine.abort(rid)
             self._deliver(rid, err)

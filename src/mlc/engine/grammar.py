@@ -1,10 +1,11 @@
 """Structured outputs: grammars compiled once each by llguidance, cached by what they say, and the token mask the
 sampler applies to the rows of constrained sequences.
 
-A request carries a compiled `Grammar` in `SamplingParams.grammar`. Each of its sequences gets its own matcher, a
-copy of the compiled one, on its first sampled token; the copy lives as long as the sequence (preemption and
-recompute keep it: the tokens it has seen stay the sequence's own). A step whose batch has no grammar never calls
-into this module.
+A request carries a `GrammarSpec` (what to enforce, as text) in `SamplingParams.grammar`. The engine compiles it
+(`GrammarCompiler`, once per distinct spec) and gives each of the request's sequences its own matcher, a copy of the
+compiled one; the copy lives as long as the sequence (preemption and recompute keep it: the tokens it has seen stay
+the sequence's own). The sampler only reads the matchers to mask logits (`GrammarMasks`); the scheduler moves a
+matcher on where it appends the sampled token. A step whose batch has no grammar never calls into this module.
 """
 
 from __future__ import annotations
@@ -12,18 +13,14 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import weakref
 from collections import OrderedDict
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from mlc.errors import EngineStepError, InvalidRequestError
-
-if TYPE_CHECKING:
-    from mlc.engine.sequence import Sequence
 
 # Compact JSON as json.dumps writes it: what models saw in training, and no room to pad with whitespace forever.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -41,6 +38,7 @@ class GrammarSpec:
     kind: str
     source: str = ""
     strict: bool = True
+    field: str = dataclasses.field(default="response_format", compare=False)  # the request field an error names (not the key)
 
     @classmethod
     def json_schema(cls, schema: dict | bool, strict: bool = True) -> GrammarSpec:
@@ -83,9 +81,6 @@ class Grammar:
     def matcher(self):
         with self._lock:
             return self._compiled.deep_copy()
-
-    def __deepcopy__(self, memo) -> Grammar:
-        return self  # immutable once compiled; params copied for n samples share it
 
     def __repr__(self) -> str:
         return f"Grammar({self.spec.kind}, {self.spec.source[:60]!r})"
@@ -140,25 +135,26 @@ class GrammarCompiler:
                                              dtype=torch.long)
         return self._special_ids
 
-    def compile(self, spec: GrammarSpec, field: str = "response_format") -> Grammar:
+    def compile(self, spec: GrammarSpec) -> Grammar:
         """The grammar for `spec`, from the cache or built now; a spec the engine cannot compile is a 400 naming
-        `field`."""
+        its field."""
         with self._lock:
             found = self._cache.get(spec)
             if found is not None:
                 self._cache.move_to_end(spec)
                 self.hits += 1
                 return found
-            grammar = Grammar(spec, self._build(spec, field), self.special_ids)
+            grammar = Grammar(spec, self._build(spec), self.special_ids)
             self._cache[spec] = grammar
             self.compiled += 1
             if len(self._cache) > self._size:
                 self._cache.popitem(last=False)
             return grammar
 
-    def _build(self, spec: GrammarSpec, field: str):
+    def _build(self, spec: GrammarSpec):
         import llguidance
 
+        field = spec.field
         try:
             text = spec.llguidance()
         except (ValueError, TypeError) as e:
@@ -171,32 +167,38 @@ class GrammarCompiler:
         return matcher
 
 
+@dataclass
+class GuidedRow:
+    """One constrained row of a step's logits: its request (for errors), its matcher and the grammar's special ids."""
+
+    row: int
+    request_id: str
+    matcher: object
+    special_ids: torch.Tensor
+
+
 class GrammarMasks:
-    """The sampler's side: one matcher per constrained sequence, masks filled in parallel, applied to logits."""
+    """The sampler's side: the masks of a step's constrained rows, filled in parallel from their matchers (which it
+    only reads) and applied to the logits."""
 
     def __init__(self, eos_token_ids: set[int] | None = None):
-        self._matchers: weakref.WeakKeyDictionary[Sequence, object] = weakref.WeakKeyDictionary()
         self._executor = None
         self._eos = sorted(eos_token_ids or ())
 
-    def _matcher(self, seq: Sequence):
-        m = self._matchers.get(seq)
-        if m is None:
-            m = seq.params.grammar.matcher()
-            if seq.output_ids and not m.consume_tokens(list(seq.output_ids)):
-                raise EngineStepError(f"request {seq.request_id}: its tokens so far do not match its grammar")
-            self._matchers[seq] = m
-        if m.is_error():
-            raise EngineStepError(f"request {seq.request_id}: structured output failed ({m.get_error()[:200]})")
-        return m
+    @staticmethod
+    def _checked(g: GuidedRow):
+        if g.matcher.is_error():
+            raise EngineStepError(f"request {g.request_id}: structured output failed ({g.matcher.get_error()[:200]})")
+        return g.matcher
 
-    def apply(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int], raw: torch.Tensor) -> None:
+    def apply(self, logits: torch.Tensor, guided: list[GuidedRow], raw: torch.Tensor) -> None:
         """Set the logits of tokens each row's grammar forbids to -inf, in place. A row left with no token (the
         grammar allows only EOS and min_tokens bars it) takes the grammar's mask over `raw` instead: the grammar
         wins. A grammar that allows no token at all ends its sequence with EOS rather than failing the step."""
         import llguidance
 
-        matchers = [self._matcher(seqs[i]) for i in rows]
+        matchers = [self._checked(g) for g in guided]
+        rows = [g.row for g in guided]
         vocab = logits.shape[1]
         words = (vocab + 31) // 32
         bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
@@ -206,7 +208,7 @@ class GrammarMasks:
                                                words * 4, len(rows))
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
         allowed = torch.from_numpy(bits).bool()
-        self._drop_refused_specials(allowed, matchers, [seqs[i].params.grammar.special_ids for i in rows])
+        self._drop_refused_specials(allowed, matchers, [g.special_ids for g in guided])
         index = torch.tensor(rows)
         masked = logits[index].masked_fill_(~allowed, float("-inf"))
         dead = torch.isneginf(masked).all(dim=1)
@@ -228,10 +230,9 @@ class GrammarMasks:
                 if not m.validate_tokens([tid]):
                     allowed[row, tid] = False
 
-    def accept(self, seqs: list[Sequence], rows: list[int], tokens: list[int]) -> None:
-        """Each constrained row's sampled token moves its matcher on (a token outside the mask leaves it in error,
-        which the next step reports for that request alone)."""
-        for i in rows:
-            m = self._matchers.get(seqs[i])
-            if m is not None and not m.is_stopped():
-                m.consume_token(tokens[i])
+
+def advance(matcher, token: int) -> None:
+    """A sampled token moves its sequence's matcher on (a token outside the mask leaves it in error, which the next
+    step reports for that request alone)."""
+    if not matcher.is_stopped():
+        matcher.consume_token(token)

@@ -10,14 +10,15 @@ import torch
 
 from mlc.config.engine_config import EngineConfig
 from mlc.engine.compiled_forward import compile_forward, uncompile
-from mlc.engine.detokenizer import IncrementalDetokenizer
+from mlc.engine.grammar import Grammar, GrammarCompiler, GrammarSpec
 from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
 from mlc.engine.memory import CachePlan, plan_cache
 from mlc.engine.model_runner import ModelRunner
-from mlc.engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from mlc.engine.output_processor import OutputProcessor
+from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.page_manager import PageManager
-from mlc.engine.recovery import recover
-from mlc.engine.request import Request, Sent
+from mlc.engine.recovery import Recovery
+from mlc.engine.request import Request
 from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import Scheduler, SchedulerOutput
@@ -117,16 +118,15 @@ class LLMEngine:
             self.eos_ids, self.sparse,
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
-        self.requests: dict[str, Request] = {}
+        self.outputs = OutputProcessor(tokenizer)
+        self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
+        self._grammars: GrammarCompiler | None = None
         self.adapters: dict[str, LoRAAdapter] = {}
         self.adapter_ids: dict[str, int] = {}
         for name, path in config.lora_adapters.items():
             self.add_lora(name, path)
-        self._seq_request: dict[int, Request] = {}
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.consecutive_failures = 0  # steps failed since the last good one (engine/recovery.py)
-        self.failed_prompts: set[int] = set()  # the prompts those steps held
 
     def _cache_dtype(self, name: str) -> KVDtype:
         try:
@@ -134,7 +134,6 @@ class LLMEngine:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    # -- adapters ----------------------------------------------------------------------------------------------
     def add_lora(self, name: str, path: str) -> int:
         """Serve a PEFT LoRA adapter under `name`; requests pick it with `adapter_id`. Returns that id."""
         if not name or name == self.model_name:
@@ -158,7 +157,13 @@ class LLMEngine:
                                      field="model")
         return self.adapter_ids[name]
 
-    # -- requests ----------------------------------------------------------------------------------------------
+    def compile_grammar(self, spec: GrammarSpec) -> Grammar:
+        """`spec` compiled for this model's tokenizer, once per distinct spec (a 400 naming its field when it
+        cannot be); safe from any thread, so a server compiles off its event loop before it adds the request."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.eos_ids, self.model.config.vocab_size)
+        return self._grammars.compile(spec)
+
     def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
 
@@ -184,23 +189,18 @@ class LLMEngine:
     ) -> None:
         """Queue a request; `validated` skips `validate` when the caller (the server) already ran it."""
         params = params or SamplingParams()
-        if request_id in self.requests:
+        if request_id in self.outputs.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not validated:
             self.validate(ids, params)
         if adapter_id and adapter_id not in self.adapter_ids.values():
             raise InvalidRequestError(f"adapter id {adapter_id} is not loaded", field="model")
-        seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len)
-        req = Request(request_id, ids, params, [seq], [self._detok(ids, params)], pending_forks=params.n - 1)
-        req.sent = [Sent()]
+        grammar = self.compile_grammar(params.grammar) if params.grammar is not None else None
+        seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len, grammar=grammar)
+        self.outputs.add(request_id, ids, params, seq)
         self.prompt_tokens += len(ids)
-        self.requests[request_id] = req
-        self._seq_request[seq.seq_id] = req
         self.scheduler.add(seq)
-
-    def _detok(self, ids: list[int], params: SamplingParams) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.tokenizer, ids, params.stop, params.include_stop_str_in_output)
 
     def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
                  context_source: str = "the context limit") -> None:
@@ -215,6 +215,8 @@ class LLMEngine:
         if params.top_k > vocab:
             raise InvalidRequestError(f"top_k={params.top_k} is more than the model's {vocab} tokens; use at most "
                                       f"{vocab}, or 0 or -1 to turn top_k off", field="top_k")
+        if params.grammar is not None:
+            self.compile_grammar(params.grammar)
         limit = min(context or self.max_seq_len, self.max_seq_len)
         if context is None or context >= self.max_seq_len:
             context_source = f"the context limit of {self.max_seq_len} tokens"
@@ -240,37 +242,35 @@ class LLMEngine:
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
-        req = self.requests.get(request_id)
+        req = self.outputs.requests.get(request_id)
         if req is None:
             return None
         req.pending_forks = 0
         for seq in req.seqs:
             self.scheduler.finish(seq, None if seq.is_finished else reason)
         req.finished_time = time.monotonic()
-        out = self._output(req)
-        self._forget(req)
+        out = self.outputs.output(req)
+        self.outputs.forget(req)
         return out
 
-    def forget(self, request_id: str) -> None:
-        """Drop a request's records without touching its pages (recovery rebuilds the pages after)."""
-        req = self.requests.get(request_id)
-        if req is not None:
-            self._forget(req)
-
-    def _forget(self, req: Request) -> None:
-        self.requests.pop(req.request_id, None)
-        for s in req.seqs:
-            self._seq_request.pop(s.seq_id, None)
+    def fail_requests(self, error: Exception, request_ids: list[str]) -> list[RequestOutput]:
+        """End requests that an error outside a step struck (finish_reason "error"), and check the engine."""
+        return self.recovery.fail(error, request_ids, self.abort)
 
     def has_unfinished(self) -> bool:
-        return bool(self.requests)
+        return bool(self.outputs.requests)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self.outputs.requests
+
+    def request_ids(self) -> list[str]:
+        return list(self.outputs.requests)
 
     def check_alive(self) -> None:
         """Raise `EngineDeadError` if a tensor-parallel worker has exited, even with no step to run."""
         if self.tp_group is not None:
             self.tp_group.check_alive()
 
-    # -- one step ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step. A failure ends only the requests it touched, with finish_reason "error" and
         `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
@@ -278,7 +278,7 @@ class LLMEngine:
         try:
             plan = self.scheduler.schedule()
         except Exception as e:
-            return self._fail_step(e, self.scheduler.running + list(self.scheduler.waiting)[:1])
+            return self.recovery.step_failed(e, self.scheduler.running + list(self.scheduler.waiting)[:1], self.abort)
         if not plan.scheduled:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise CapacityError("no waiting request fits the free KV pages; raise --kv-cache-memory")
@@ -288,18 +288,9 @@ class LLMEngine:
         except EngineDeadError:
             raise
         except Exception as e:
-            return self._fail_step(e, [s.seq for s in plan.scheduled])
-        self.consecutive_failures = 0
-        self.failed_prompts.clear()
+            return self.recovery.step_failed(e, [s.seq for s in plan.scheduled], self.abort)
+        self.recovery.step_succeeded()
         return outputs
-
-    def _fail_step(self, error: Exception, seqs: list[Sequence]) -> list[RequestOutput]:
-        """A whole step failed: count it (with the prompts it held, so that one poison prompt sent again and again
-        is not mistaken for a broken model) and end its requests."""
-        self.consecutive_failures += 1
-        rids = list(dict.fromkeys(s.request_id for s in seqs if s.request_id in self.requests))
-        self.failed_prompts.update(hash(tuple(self.requests[r].prompt_ids)) for r in rids)
-        return recover(self, error, rids)
 
     def _execute(self, plan: SchedulerOutput) -> list[RequestOutput]:
         self.runner.apply_copies(plan.copies)
@@ -308,7 +299,7 @@ class LLMEngine:
         sampled: list[Sequence] = []
         rows: list[int] = []
         for row, seq in enumerate(self.scheduler.advance(step.scheduled, step.prompt_logprobs, now)):
-            children = self._fork(self._seq_request[seq.seq_id], seq)
+            children = self._fork(self.outputs.request_of(seq), seq)
             sampled += [seq, *children]
             rows += [row] * (1 + len(children))  # forked samples read their parent's logits row
         self.scheduler.compact()
@@ -321,16 +312,12 @@ class LLMEngine:
             self.scheduler.postprocess([s for s, _ in kept], [r for _, r in kept], now)
             self.generation_tokens += len(kept)
             for seq, _ in kept:
-                touched[seq.request_id] = req = self._seq_request[seq.seq_id]
-                self._detokenize(req, seq)
-        finished = [r for r in touched.values() if r.finished]
-        for r in finished:
-            r.finished_time = now
-        outputs = [self._output(r) for r in touched.values()]  # all built before any is forgotten
-        for r in finished:
-            self._forget(r)
+                touched[seq.request_id] = self.outputs.request_of(seq)
+                if self.outputs.detokenize(seq, self.scheduler.is_stop_token(seq, seq.output_ids[-1])):
+                    self.scheduler.finish(seq, FinishReason.STOP)  # a stop string in its text
+        outputs = self.outputs.step_outputs(list(touched.values()), now)
         for rid, error in failed.items():  # culprits found by running them alone; the step itself went on
-            outputs += recover(self, error, [rid])
+            outputs += self.recovery.fail(error, [rid], self.abort)
         return outputs
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
@@ -339,54 +326,14 @@ class LLMEngine:
             return []
         children = self.scheduler.fork(parent, req.pending_forks)
         for child in children:
-            req.seqs.append(child)
-            req.detoks.append(self._detok(req.prompt_ids, req.params))
-            req.sent.append(Sent())
-            self._seq_request[child.seq_id] = req
+            self.outputs.add_sample(req, child)
         req.pending_forks = 0
         return children
-
-    def _detokenize(self, req: Request, seq: Sequence) -> None:
-        """The new token's text; a stop string in it ends the sequence (the scheduler ended those on stop ids)."""
-        detok = req.detoks[seq.sample_index]
-        token = seq.output_ids[-1]
-        if not self.scheduler.is_stop_token(seq, token):
-            detok.add(token)
-        if seq.is_finished or detok.stopped:
-            detok.flush()
-        if detok.stopped and seq.finish_reason is not FinishReason.STOP:
-            self.scheduler.finish(seq, FinishReason.STOP)
-
-    def _output(self, req: Request) -> RequestOutput:
-        outs = []
-        for seq, detok, sent in zip(req.seqs, req.detoks, req.sent):
-            start, sent.tokens = sent.tokens, len(seq.output_ids)
-            text_start, sent.chars = sent.chars, max(sent.chars, detok.releasable(seq.is_finished))
-            want_lp = seq.params.logprobs is not None
-            outs.append(CompletionOutput(
-                index=seq.sample_index, text=detok.text, token_ids=list(seq.output_ids),
-                finish_reason=seq.finish_reason, logprobs=list(seq.logprobs) if want_lp else None,
-                delta_text=detok.text[text_start : sent.chars], delta_token_ids=seq.output_ids[start:],
-                delta_logprobs=seq.logprobs[start:] if want_lp else None,
-            ))
-        first = req.seqs[0]
-        metrics = RequestMetrics(
-            arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=first.first_token_time, finished_time=req.finished_time,
-            token_times=list(first.token_times), num_prompt_tokens=len(req.prompt_ids),
-            num_prefix_hit_tokens=first.num_prefix_hit, num_preemptions=sum(s.num_preemptions for s in req.seqs),
-        )
-        prompt_lp = list(first.prompt_logprobs) if req.params.prompt_logprobs else None
-        return RequestOutput(req.request_id, req.prompt_ids, outs, req.finished, metrics, prompt_lp)
 
     def waiting_samples(self) -> int:
         """Samples in the waiting queue, a prompt's `n - 1` samples still to fork counted too (safe from any thread:
         it only reads)."""
-        total = 0
-        for seq in list(self.scheduler.waiting):
-            req = self._seq_request.get(seq.seq_id)
-            total += 1 + (req.pending_forks if req is not None and seq.sample_index == 0 else 0)
-        return total
+        return self.outputs.samples_waiting(list(self.scheduler.waiting))
 
     def stats(self) -> EngineStats:
         pm = self.page_manager

@@ -11,7 +11,7 @@ import torch
 from mlc.engine.isolate import one_by_one
 from mlc.engine.page_manager import PageCopy
 from mlc.engine.kv_cache import KVCache
-from mlc.engine.scheduler import ScheduledSeq
+from mlc.engine.sequence import ScheduledSeq
 from mlc.distributed.state import parallel_scope, parallel_state
 from mlc.errors import EngineDeadError
 from mlc.layers.attention import build_attention_metadata
@@ -51,7 +51,7 @@ class ModelRunner:
         self.device = model.device
         self.parallel = parallel_state()  # the state the model was built under; every call runs under it again
         if self.device.type == "cpu":  # build (first run on this machine) or load the kernel now, not mid-step
-            from mlc.layers.decode_kernel import kernel_status
+            from mlc.layers.cpu_kernels import kernel_status
 
             log.info("CPU kernels: %s", kernel_status())
 

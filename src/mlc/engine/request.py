@@ -1,8 +1,9 @@
-"""The engine's record of one request: its samples, their detokenizers, and what its outputs handed out."""
+"""The engine's record of one request: its samples, each with its sequence, its detokenizer and what its outputs
+have handed out so far."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mlc.engine.detokenizer import IncrementalDetokenizer
 from mlc.engine.sampling_params import SamplingParams
@@ -10,11 +11,13 @@ from mlc.engine.sequence import Sequence
 
 
 @dataclass
-class Sent:
-    """The one record of what a sample's outputs have handed out: deltas start here."""
+class Sample:
+    """One of a request's `n` samples."""
 
-    tokens: int = 0
-    chars: int = 0
+    seq: Sequence
+    detok: IncrementalDetokenizer
+    sent_tokens: int = 0  # the outputs so far handed out this many tokens and characters: deltas start there
+    sent_chars: int = 0
 
 
 @dataclass
@@ -22,12 +25,14 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    seqs: list[Sequence]
-    detoks: list[IncrementalDetokenizer]
-    pending_forks: int = 0
+    samples: list[Sample]
+    pending_forks: int = 0  # samples still to fork from the first one when its prompt is done
     finished_time: float | None = None
-    sent: list[Sent] = field(default_factory=list)  # per sample: what the outputs so far handed out
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [s.seq for s in self.samples]
 
     @property
     def finished(self) -> bool:
-        return self.pending_forks == 0 and all(s.is_finished for s in self.seqs)
+        return self.pending_forks == 0 and all(s.seq.is_finished for s in self.samples)

@@ -3,8 +3,9 @@
 Order: penalties (repetition over prompt+output, presence/frequency over output), min_new_tokens (EOS barred),
 then greedy argmax, or temperature -> top-k -> top-p -> min-p -> a draw from the row's generator. A seeded request
 draws from a generator seeded by (seed + sample index), so its output does not depend on what it is batched with.
-Rows of requests with a grammar (structured outputs) then lose every token their grammar forbids (`engine/grammar.py`);
-a batch without one never reaches that code. Reported logprobs are those of the model's distribution before any
+Rows of requests with a grammar (structured outputs) then lose every token their sequence's matcher forbids
+(`engine/grammar.py`; the sampler only reads matchers, the scheduler moves them on); a batch without one never
+reaches that code. Reported logprobs are those of the model's distribution before any
 processing.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mlc.engine.grammar import GrammarMasks
+from mlc.engine.grammar import GrammarMasks, GuidedRow
 from mlc.engine.isolate import one_by_one
 from mlc.engine.sequence import Sequence, TokenLogprob
 
@@ -33,19 +34,17 @@ class Sampler:
             logits = logits.clone()
             for i, s in enumerate(seqs):
                 self._penalize(logits[i], s)
-        guided = [i for i, s in enumerate(seqs) if s.params.grammar is not None]
+        guided = [GuidedRow(i, s.request_id, s.matcher, s.grammar.special_ids)
+                  for i, s in enumerate(seqs) if s.matcher is not None and s.grammar is not None]
         if guided:
             logits = logits if logits is not raw else logits.clone()
-            self.grammars.apply(logits, seqs, guided, raw)
+            self.grammars.apply(logits, guided, raw)
         greedy = [s.params.greedy for s in seqs]
         tokens = logits.argmax(dim=-1).tolist() if any(greedy) else [0] * len(seqs)
         for i, s in enumerate(seqs):
             if not greedy[i]:
                 tokens[i] = self._draw(logits[i], s)
-        results = [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
-        if guided:  # last: a call that fails before here leaves every matcher as it was, for the retry alone
-            self.grammars.accept(seqs, guided, tokens)
-        return results
+        return [(t, self._logprob(raw_logprobs, i, t, s)) for i, (t, s) in enumerate(zip(tokens, seqs))]
 
     def sample_isolating(self, logits: torch.Tensor, seqs: list[Sequence]
                          ) -> tuple[list[tuple[int, TokenLogprob | None] | None], dict[str, Exception]]:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING
 
+from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError
-
-if TYPE_CHECKING:
-    from mlc.engine.grammar import Grammar
 
 
 @dataclass
@@ -31,7 +28,7 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False
     full_kv: bool = False  # keep this request's whole KV cache even when the engine runs sparse KV
-    grammar: Grammar | None = None  # structured outputs: a compiled grammar (engine/grammar.py) the tokens must follow
+    grammar: GrammarSpec | None = None  # structured outputs: what the tokens must follow (compiled by the engine)
     max_tokens: InitVar[int | None] = None  # vLLM's and OpenAI's name for max_new_tokens (read back as .max_tokens)
 
     def __post_init__(self, max_tokens: int | None = None):

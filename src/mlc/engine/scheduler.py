@@ -6,8 +6,8 @@ the next chunk of its prompt), then admits waiting ones while the batch and the 
 newest running sequence is preempted: its pages are freed and it waits at the front of the queue to be recomputed.
 
 After the model ran: `advance` moves the cached counts and registers full pages with the prefix cache, `fork` starts
-the other samples of a prompt, `compact` thins sparse KV, and `postprocess` appends sampled tokens and ends
-sequences on a stop token, EOS or their length, freeing their pages.
+the other samples of a prompt, `compact` thins sparse KV, and `postprocess` appends sampled tokens (moving a
+structured output's matcher on) and ends sequences on a stop token, EOS or their length, freeing their pages.
 """
 
 from __future__ import annotations
@@ -15,24 +15,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
-
-from mlc.engine.page_manager import PageManager, PageCopy
-from mlc.engine.sequence import FinishReason, Sequence, Status, TokenLogprob
-
-if TYPE_CHECKING:
-    from mlc.engine.sparse_kv import SparseKV
-
-
-@dataclass
-class ScheduledSeq:
-    seq: Sequence
-    num_tokens: int  # new tokens run through the model this step
-
-    @property
-    def completes(self) -> bool:
-        """After this step the sequence's KV covers all its tokens, so its next token is sampled."""
-        return self.seq.num_cached + self.num_tokens == len(self.seq)
+from mlc.engine.grammar import advance as advance_grammar
+from mlc.engine.page_manager import PageCopy, PageManager
+from mlc.engine.sequence import FinishReason, ScheduledSeq, Sequence, Status, TokenLogprob
+from mlc.engine.sparse_kv import SparseKV
 
 
 @dataclass
@@ -201,7 +187,8 @@ class Scheduler:
         children = []
         for j in range(1, num + 1):
             child = Sequence(parent.request_id, parent.prompt_ids, parent.params, adapter_id=parent.adapter_id,
-                             sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time)
+                             sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time,
+                             grammar=parent.grammar)
             child.first_scheduled_time = parent.first_scheduled_time
             self.pages.fork(parent, child)
             self.add_running(child)
@@ -214,9 +201,12 @@ class Scheduler:
 
     def postprocess(self, sampled: list[Sequence], results: list[tuple[int, TokenLogprob | None]],
                     now: float) -> None:
-        """Append each sampled token; end the sequences it stops (stop token, EOS, max_new_tokens, context)."""
+        """Append each sampled token (moving its grammar on); end the sequences it stops (stop token, EOS,
+        max_new_tokens, context)."""
         for seq, (token, logprob) in zip(sampled, results):
             seq.output_ids.append(token)
+            if seq.matcher is not None:
+                advance_grammar(seq.matcher, token)
             seq.token_times.append(now)
             if logprob is not None:
                 seq.logprobs.append(logprob)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mlc.engine.grammar import Grammar
 from mlc.engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -66,10 +67,14 @@ class Sequence:
     num_preemptions: int = 0
     generator: torch.Generator | None = None
     max_len: int | None = None  # prompt + output bound for this sequence
+    grammar: Grammar | None = None  # the request's compiled grammar (structured outputs), shared by its samples
+    matcher: object | None = None  # this sequence's own place in it: moved on by the scheduler, read by the sampler
 
     def __post_init__(self):
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed + self.sample_index)
+        if self.grammar is not None and self.matcher is None:
+            self.matcher = self.grammar.matcher()
 
     @property
     def all_ids(self) -> list[int]:
@@ -90,3 +95,16 @@ class Sequence:
     def finish(self, reason: FinishReason) -> None:
         self.status = Status.FINISHED
         self.finish_reason = FinishReason(reason)
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: `num_tokens` new tokens run through the model."""
+
+    seq: Sequence
+    num_tokens: int
+
+    @property
+    def completes(self) -> bool:
+        """After this step the sequence's KV covers all its tokens, so its next token is sampled."""
+        return self.seq.num_cached + self.num_tokens == len(self.seq)

@@ -24,17 +24,13 @@ from __future__ import annotations
 import logging
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from mlc.config.engine_config import SparseKVConfig
 from mlc.engine.page_manager import PageManager
-from mlc.engine.kv_cache import KVCache
 from mlc.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from mlc.engine.model_runner import ModelRunner
 
 log = logging.getLogger("mlc.engine")
 
@@ -94,12 +90,19 @@ def entry_positions(seq: Sequence) -> torch.Tensor:
     return torch.cat((laid, torch.arange(seq.num_cached - since, seq.num_cached)))
 
 
+class SlotMover(Protocol):
+    """What moves cache entries: the KV cache itself, or the model runner (which reaches every tensor-parallel
+    rank's shard)."""
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
+
+
 class SparseKV:
     """Applies the policy to running sequences: moves entries in every cache tensor and releases freed pages.
     `kv_cache` is what moves the entries (`move_slots`): the cache itself, or the engine's model runner, which reaches
     every tensor-parallel rank's shard. With `kv_cache=None` only the pages are accounted (capacity planning with the real allocator)."""
 
-    def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: KVCache | ModelRunner | None):
+    def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: SlotMover | None):
         self.policy = SparseKVPolicy(cfg, page_manager.page_size)
         self.pages, self.kv_cache = page_manager, kv_cache
         self.pages_freed = 0

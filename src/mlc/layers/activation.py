@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlc.layers.decode_kernel import cpu_op, eager_cpu
+from mlc.layers.cpu_kernels import cpu_op, eager_cpu
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

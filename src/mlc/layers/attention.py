@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from mlc.layers.decode_kernel import decode_kernel
+from mlc.layers.cpu_kernels import cpu_op
 from mlc.layers.kv_store import LayerCache, PagedTensor
 
 # Decode groups attend over a key length padded to a multiple of this, whatever their batch: SDPA's vectorized
@@ -194,14 +194,14 @@ def _sdpa(q, k, v, mask, scale, causal):
 
 
 def _decode_in_place(g: AttentionGroup, q, cache: LayerCache, scale: float) -> torch.Tensor | None:
-    """A decode group through the C++ kernel (`layers/decode_kernel.py`), or None where it does not apply: not
+    """A decode group through the C++ kernel (`layers/cpu_kernels.py`), or None where it does not apply: not
     built, a non-CPU device, a quantized KV store, or a cache dtype other than the compute dtype."""
     ks, vs = cache["k"], cache["v"]
     if type(ks) is not PagedTensor or type(vs) is not PagedTensor or q.device.type != "cpu":
         return None
     if not (ks.data.dtype == vs.data.dtype == q.dtype):
         return None
-    kernel = decode_kernel()
+    kernel = cpu_op("decode_attention")
     if kernel is None:
         return None
     out = kernel(q[g.tokens], ks.data, vs.data, g.pages, g.context, g.page_size, scale)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlc.layers.decode_kernel import cpu_op, eager_cpu
+from mlc.layers.cpu_kernels import cpu_op, eager_cpu
 
 
 def _one_pass(x: torch.Tensor, weight: torch.Tensor) -> bool:

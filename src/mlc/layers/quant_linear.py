@@ -17,7 +17,7 @@ from torch import nn
 
 from mlc.errors import ModelFormatError
 from mlc.layers import quant_kernels as qk
-from mlc.layers.decode_kernel import cpu_op
+from mlc.layers.cpu_kernels import cpu_op
 
 
 _RANGE_PINS = torch.tensor([[1.0, -1.0]])  # appended to every row by Int8Linear's W8A8 (made once, not per call)
@@ -158,7 +158,7 @@ class Int4Linear(QuantizedLinear):
     C++, the same integers), folded in float in a fixed order. A row's result never depends on its batch. Batch 1
     runs at about twice, and prompts at about three times, the speed of torch's kernel here.
     int4pack-w4a16: aten._weight_int4pack_mm_for_cpu (bf16 activations, weights widened in the kernel, needs
-    out_features % 16 == 0); where the C++ kernels are not built (`MLC_DECODE_KERNEL=0`, no compiler).
+    out_features % 16 == 0); where the C++ kernels are not built (`MLC_CPU_KERNELS=0`, no compiler).
     """
 
     def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from mlc.errors import ModelFormatError
-from mlc.layers.decode_kernel import cpu_op, eager_cpu
+from mlc.layers.cpu_kernels import cpu_op, eager_cpu
 
 # Rope types whose frequencies do not depend on the sequence length (those we can table once).
 STATIC_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}

@@ -90,8 +90,8 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     from mlc.layers.quant_moe import QuantizedExperts
     from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
     from mlc.models.store import resolve_model_dir
-    from mlc.models.store_manifest import file_records
-    from mlc.models.store_verify import check_at_load
+    from mlc.models.store.manifest import file_records
+    from mlc.models.store.verifying import check_at_load
 
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:

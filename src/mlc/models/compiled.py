@@ -32,7 +32,7 @@ def read_compiled_manifest(model_dir: Path) -> dict:
 
 def verify_compiled(model_dir: Path) -> list[str]:
     """Files whose sha256 differs from the manifest (or are missing); a name leading outside raises IntegrityError."""
-    from mlc.models.integrity import confined_path, sha256_file
+    from mlc.models.store.integrity import confined_path, sha256_file
 
     manifest = read_compiled_manifest(model_dir)
     bad = []

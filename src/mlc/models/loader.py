@@ -51,7 +51,7 @@ def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
     in Q8_0 (or Q6_K); when such a wider type is present the head keeps 8 bits too."""
     import json
 
-    from mlc.models.store_paths import MANIFEST
+    from mlc.models.store.paths import MANIFEST
 
     try:
         manifest = json.loads((model_dir / MANIFEST).read_text())
@@ -81,7 +81,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     (sampled hashes; every byte with `verify`), build its architecture and load its weights
     (then quantize them to `weight_dtype`, see mlc.layers.quant)."""
     from mlc.models.store import resolve_model_dir
-    from mlc.models.store_verify import check_at_load
+    from mlc.models.store.verifying import check_at_load
 
     model_dir = resolve_model_dir(model)
     check_at_load(model_dir, full=verify)

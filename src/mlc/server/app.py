@@ -15,13 +15,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc import __version__
 from mlc.config.serve_config import ServeConfig
-from mlc.server import health, metrics, native, openai_api, pages, tokenize
-from mlc.server.audit import AuditMiddleware
 from mlc.server.auth import APIKeyMiddleware
 from mlc.server.errors import error_body, install_error_handlers
-from mlc.server.hooks import HooksConfig
-from mlc.server.responses_doc import add_event_schemas
-from mlc.server.schemas import ChatCompletionChunk, GenerateEvent
+from mlc.server.observability import metrics
+from mlc.server.observability.audit import AuditMiddleware
+from mlc.server.observability.hooks import HooksConfig
+from mlc.server.protocol.responses_doc import add_event_schemas
+from mlc.server.protocol.schemas import ChatCompletionChunk, GenerateEvent
+from mlc.server.routes import health, native, openai_api, pages, tokenize
 from mlc.server.state import ServerState, default_engine_factory
 
 MAX_BODY_BYTES = 32 * 2**20

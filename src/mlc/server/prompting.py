@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from mlc.errors import ContextLengthError, InvalidRequestError
 from mlc.errors import UnsupportedFeatureError
-from mlc.server.schemas import ChatMessage
+from mlc.server.protocol.schemas import ChatMessage
 from mlc.server.state import ServerState
 
 if TYPE_CHECKING:
-    from mlc.server.tools import ToolSetup
+    from mlc.server.chat.tools import ToolSetup
 
 ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 T = TypeVar("T")
@@ -111,7 +111,7 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
 
 
 def _calls(m: ChatMessage, i: int, seen: dict[str, str]) -> list[dict]:
-    from mlc.server.tools import call_arguments
+    from mlc.server.chat.tools import call_arguments
 
     out = []
     for j, call in enumerate(m.tool_calls or []):
@@ -151,7 +151,7 @@ def render(state: ServerState, messages: list[ChatMessage], add_generation_promp
            template_kwargs: dict | None = None) -> Prompt:
     """The prompt of a conversation: tools (if any) rendered as `tools.for_template` decides; `template_kwargs`
     (the request's chat_template_kwargs) passed to the template."""
-    from mlc.server.tools import for_template
+    from mlc.server.chat.tools import for_template
 
     conversation, stripped = chat_messages(state, messages)
     check_chars(state, sum(len(m["content"] or "") for m in conversation), max_tokens, "messages")

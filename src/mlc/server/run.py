@@ -16,7 +16,7 @@ import uvicorn
 from mlc.config.serve_config import ServeConfig
 from mlc.engine.sequence import FinishReason
 from mlc.server.app import create_app
-from mlc.server.hooks import HooksConfig
+from mlc.server.observability.hooks import HooksConfig
 from mlc.server.state import ServerState
 
 log = logging.getLogger("mlc.server")

@@ -13,13 +13,13 @@ from fastapi.responses import JSONResponse, Response
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError
-from mlc.server.audit import AuditInfo, audit_info
+from mlc.server.observability.audit import AuditInfo, audit_info
 from mlc.server.errors import ClientDisconnected, error_body
 from mlc.server.generation import Generation
 from mlc.server.input_policy import STRIPPED_HEADER
 from mlc.server.params import Limits, rename_field
 from mlc.server.state import ServerState
-from mlc.server.streaming import DONE, SSEResponse, sse, until_disconnect
+from mlc.server.protocol.streaming import DONE, SSEResponse, sse, until_disconnect
 
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput

@@ -13,26 +13,32 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlc.config.serve_config import ServeConfig
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
-from mlc.server.audit import AuditLog
-from mlc.server.hooks import HookRunner, HooksConfig
+from mlc.server.observability.audit import AuditLog
+from mlc.server.observability.hooks import HookRunner, HooksConfig
 from mlc.server.input_policy import InputPolicy
-from mlc.server.metrics import ServerMetrics
+from mlc.server.observability.metrics import ServerMetrics
 from mlc.server.token_text import TokenText
 
+from mlc.engine.async_engine import AsyncEngine
+
 if TYPE_CHECKING:
-    from mlc.engine.async_engine import AsyncEngine
     from mlc.engine.llm_engine import LLMEngine
     from mlc.engine.outputs import EngineStats
-    from mlc.server.generation import Generation
 
 log = logging.getLogger("mlc.server")
 
 LOADING, HEALTHY, DRAINING, ERROR = "loading", "healthy", "draining", "error"
+
+
+class InFlight(Protocol):
+    """A request the server is running (a `generation.Generation`), as shutdown sees it."""
+
+    def stop(self, reason: FinishReason) -> None: ...
 
 
 def default_engine_factory(config: ServeConfig) -> LLMEngine:
@@ -57,7 +63,7 @@ class ServerState:
         self.policy = InputPolicy(config.strict_input)
         self.audit_log = AuditLog(config.audit_log, config.audit_log_content) if config.audit_log else None
         self.hooks = HookRunner(hooks or HooksConfig())
-        self.active: set[Generation] = set()
+        self.active: set[InFlight] = set()
         self.on_fatal: Callable[[], None] | None = None  # set by the runner: stop the process
         self._engine_factory = engine_factory
         self._mean_latency = 1.0
@@ -80,9 +86,10 @@ class ServerState:
             log.exception("loading the model failed")
             self._fail(f"{type(e).__name__}: {e}", 1)
             return
+        engine = AsyncEngine(llm, served_name=self.model_id)
         log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
-                 time.monotonic() - t0, llm.max_seq_len, llm.page_manager.usable_pages)
-        self.loop.call_soon_threadsafe(self._ready, llm)
+                 time.monotonic() - t0, engine.max_seq_len, engine.num_pages)
+        self.loop.call_soon_threadsafe(self._ready, engine)
 
     def _fail(self, message: str, exit_code: int) -> None:
         log.error("cannot serve %s: %s", self.config.engine.model, message)
@@ -91,14 +98,12 @@ class ServerState:
         if self.on_fatal is not None:
             self.loop.call_soon_threadsafe(self.on_fatal)
 
-    def _ready(self, llm: LLMEngine) -> None:
-        from mlc.engine.async_engine import AsyncEngine
-
-        self.engine = AsyncEngine(llm, served_name=self.model_id)
+    def _ready(self, engine: AsyncEngine) -> None:
+        self.engine = engine
         self.token_text = TokenText(self.engine.tokenizer)
         self.engine.on_dead = lambda err: self._fail(err.message, 1)  # exit non-zero: a supervisor restarts us
         self.engine.start(self.loop)
-        self.metrics.watch_engine(self.stats, self.waiting, llm.config.page_size)
+        self.metrics.watch_engine(self.stats, self.waiting, engine.page_size)
         if self.status == LOADING:
             self.status = HEALTHY
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from mlc.errors import IntegrityError, TrainingError
-from mlc.models.integrity import check_files, sha256_file
+from mlc.models.store.integrity import check_files, sha256_file
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"

@@ -50,7 +50,7 @@ def quiet_hf() -> None:
 def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     from transformers import AutoModelForCausalLM
 
-    from mlc.models.store_verify import check_at_load
+    from mlc.models.store.verifying import check_at_load
 
     check_at_load(model_dir)  # a store model whose weights differ from its manifest would train on garbage
     quiet_hf()

@@ -1,11 +1,11 @@
 // Decode attention over the paged KV cache: one new query token per sequence, its context read in place through
 // the page table (no gather, no padding, no mask). Each (sequence, KV head) is computed whole by one thread in a
 // fixed order, so a sequence's result is the same bit for bit alone or in any batch. Float accumulation; the
-// query, cache and output share one dtype (float, bfloat16 or half). Built at run time by mlc/layers/decode_kernel.py.
+// query, cache and output share one dtype (float, bfloat16 or half). Registered in ops.cpp; built at run time by
+// mlc/layers/cpu_kernels.py.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ops.h"
 #include "vec_math.h"
 
 namespace {
@@ -29,21 +30,6 @@ inline float dot(const float* q, const T* k, int64_t d) {
   }
   float s = acc[0];
   for (; i < d; ++i) s += q[i] * static_cast<float>(k[i]);
-  return s;
-}
-
-// a sum in 16 lanes, then the lanes pairwise: a fixed order the compiler can vectorize
-inline float lane_sum(const float* x, int64_t n) {
-  float acc[16] = {0.f};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
-  }
-  for (int w = 8; w > 0; w /= 2) {
-    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-  }
-  float s = acc[0];
-  for (; i < n; ++i) s += x[i];
   return s;
 }
 
@@ -127,7 +113,7 @@ void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         }
 #endif
         for (; j < L; ++j) s[j] = mlc::exp_nonpositive(s[j] - m);
-        total[g] = lane_sum(s, L);
+        total[g] = mlc::lane_sum(s, L);
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < L; ++j) {
@@ -160,6 +146,10 @@ void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   });
 }
 
+}  // namespace
+
+namespace mlc {
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages,
                             const at::Tensor& ctx, int64_t page_size, double scale) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q [B, H, D], k [S, KV, D], v [S, KV, Dv]");
@@ -174,50 +164,4 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-// RMSNorm of each row in transformers' order for a 16-bit model: normalize in float, round to the model's dtype,
-// then multiply by the weight (rounded again). One pass per row instead of seven eager ops; each row alone.
-template <typename T>
-void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps) {
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> sq(n);
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = static_cast<float>(xr[i]);
-        sq[i] = v * v;
-      }
-      const float inv = 1.f / std::sqrt(lane_sum(sq.data(), n) / static_cast<float>(n) + eps);
-      T* o = out + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const T h = static_cast<T>(static_cast<float>(xr[i]) * inv);
-        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
-      }
-    }
-  });
-}
-
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight share one dtype");
-  TORCH_CHECK(x.size(-1) == weight.numel(), "the weight covers the last dimension");
-  auto xc = x.contiguous(), wc = weight.contiguous();
-  auto out = at::empty_like(xc);
-  const int64_t n = x.size(-1), rows = n ? xc.numel() / n : 0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
-    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
-                       static_cast<float>(eps));
-  });
-  return out;
-}
-
-}  // namespace
-
-TORCH_LIBRARY(mlc_kernels, m) {
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pages, Tensor ctx, int page_size, float scale) -> Tensor");
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
-  m.impl("decode_attention", &decode_attention);
-  m.impl("rms_norm", &rms_norm);
-}
+}  // namespace mlc

@@ -1,17 +1,19 @@
 // Fused elementwise steps of a decoder layer, each one pass over its rows instead of several eager ops. Each keeps
 // the eager code's rounding: every intermediate the eager ops would store in the model's dtype is rounded to it here
 // too, so with fp32 tables and inputs the results are the eager results, and rows never depend on each other.
+//   rms_norm: RMSNorm in transformers' order for a 16-bit model.
 //   rope_neox: half-split rotary over the query and key heads at the front of a fused QKV projection.
 //   silu_mul: silu(gate) * up over a fused [gate | up] projection.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include "ops.h"
 #include "vec_math.h"
 
 namespace {
@@ -19,6 +21,29 @@ namespace {
 template <typename T>
 inline float rounded(float v) {  // what storing v as a T and reading it back gives
   return static_cast<float>(static_cast<T>(v));
+}
+
+// RMSNorm of each row in transformers' order for a 16-bit model: normalize in float, round to the model's dtype,
+// then multiply by the weight (rounded again). One pass per row instead of seven eager ops; each row alone.
+template <typename T>
+void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sq(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = static_cast<float>(xr[i]);
+        sq[i] = v * v;
+      }
+      const float inv = 1.f / std::sqrt(mlc::lane_sum(sq.data(), n) / static_cast<float>(n) + eps);
+      T* o = out + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const T h = static_cast<T>(static_cast<float>(xr[i]) * inv);
+        o[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(h));
+      }
+    }
+  });
 }
 
 // out[t, h, :] = x[t, h, :] * cos[t] + rotate_half(x[t, h, :]) * sin[t] for the first `heads` heads of each row
@@ -48,24 +73,6 @@ void rope_rows(const T* x, int64_t row_stride, const T* cos, const T* sin, T* ou
   });
 }
 
-at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
-                     int64_t head_dim) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
-  TORCH_CHECK(head_dim % 2 == 0 && heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) == head_dim,
-              "cos and sin must be [T, head_dim]");
-  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
-              "cos and sin must have qkv's dtype");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  const int64_t rows = qkv.size(0);
-  auto out = at::empty({rows, heads, head_dim}, qkv.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_neox", [&] {
-    rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                        out.data_ptr<scalar_t>(), rows, heads, head_dim);
-  });
-  return out;
-}
-
 // silu(g) = g / (1 + exp(-g)), from exp of a non-positive argument only (no overflow)
 inline float silu(float g) {
   const float e = mlc::exp_nonpositive(-std::fabs(g));
@@ -86,6 +93,41 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
   });
 }
 
+}  // namespace
+
+namespace mlc {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x and weight share one dtype");
+  TORCH_CHECK(x.size(-1) == weight.numel(), "the weight covers the last dimension");
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  auto out = at::empty_like(xc);
+  const int64_t n = x.size(-1), rows = n ? xc.numel() / n : 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    rms_rows<scalar_t>(xc.data_ptr<scalar_t>(), wc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, n,
+                       static_cast<float>(eps));
+  });
+  return out;
+}
+
+at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                     int64_t head_dim) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
+  TORCH_CHECK(head_dim % 2 == 0 && heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) == head_dim,
+              "cos and sin must be [T, head_dim]");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "cos and sin must have qkv's dtype");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  const int64_t rows = qkv.size(0);
+  auto out = at::empty({rows, heads, head_dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_neox", [&] {
+    rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+                        out.data_ptr<scalar_t>(), rows, heads, head_dim);
+  });
+  return out;
+}
+
 at::Tensor silu_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x must be [T, 2 * width] (gate then up)");
   auto xc = x.contiguous();
@@ -97,14 +139,4 @@ at::Tensor silu_mul(const at::Tensor& x) {
   return out;
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(mlc_kernels, m) {
-  m.def("rope_neox(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
-  m.def("silu_mul(Tensor x) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
-  m.impl("rope_neox", &rope_neox);
-  m.impl("silu_mul", &silu_mul);
-}
+}  // namespace mlc

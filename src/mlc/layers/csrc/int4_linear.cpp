@@ -12,8 +12,7 @@
 // stream per tile of 16 output columns, group after group. A group is group/8 chunks of 64 bytes, then its 16 columns'
 // (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte 4 * j + i holds column j's input i in its low nibble and
 // input 4 + i in its high nibble.
-#include <torch/library.h>
-
+#include "ops.h"
 #include "quant_gemm.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -149,6 +148,10 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
 #endif
 }
 
+}  // namespace
+
+namespace mlc {
+
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t group) {
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   TORCH_CHECK(group > 0 && group % kBlock == 0, "the group size must be a multiple of 32");
@@ -163,10 +166,4 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t gr
                         });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(mlc_kernels, m) {
-  m.def("int4_linear(Tensor x, Tensor packed, int group) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) { m.impl("int4_linear", &int4_linear); }
+}  // namespace mlc

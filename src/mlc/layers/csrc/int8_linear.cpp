@@ -7,8 +7,7 @@
 // Weight layout (`pack_int8_tiles` in mlc/layers/quant_kernels.py): uint8 [N/16, K * 16 + 64], one stream per tile
 // of 16 output rows: K/4 chunks of 64 bytes (byte 4 * j + i is row j's input i of the chunk, stored as q + 128), then
 // the 16 rows' float scales.
-#include <torch/library.h>
-
+#include "ops.h"
 #include "quant_gemm.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -108,6 +107,10 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, floa
 #endif
 }
 
+}  // namespace
+
+namespace mlc {
+
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) % kBlock == 0, "x must be [M, K] with K a multiple of 32");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte, "packed weights must be uint8 [N/16, K*16+64]");
@@ -121,8 +124,4 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed) {
                         });
 }
 
-}  // namespace
-
-TORCH_LIBRARY_FRAGMENT(mlc_kernels, m) { m.def("int8_linear(Tensor x, Tensor packed) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) { m.impl("int8_linear", &int8_linear); }
+}  // namespace mlc

@@ -11,6 +11,22 @@
 
 namespace mlc {
 
+// a sum in 16 lanes, then the lanes pairwise: a fixed order the compiler can vectorize (decode attention's
+// softmax total, RMSNorm's sum of squares)
+inline float lane_sum(const float* x, int64_t n) {
+  float acc[16] = {0.f};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
+  }
+  for (int w = 8; w > 0; w /= 2) {
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  }
+  float s = acc[0];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
 // exp(x) for x <= 0 (scores minus their max), in plain float arithmetic that the compiler vectorizes: x = n ln2 + r,
 // exp(r) by Cephes' expf polynomial (about 1 ulp), 2^n through the exponent bits; below -87 it is 0.
 inline float exp_nonpositive(float x) {

@@ -1,0 +1,137 @@
+"""The one HTTP endpoint (the Ray Serve ingress): every request is forwarded unchanged to a replica chosen by the
+prefix-affinity router and its response streamed back; `/metrics` answers with all replicas' metrics in one page.
+
+A replica that dies before it starts answering costs nothing: the request goes to another one. One that dies
+mid-stream ends that stream with an error event. Bodies over the server's limit get its 413 here already."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from mlc.cluster.affinity import chunk_hashes, prompt_text
+from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart
+from mlc.cluster.metrics_merge import gauge, merge
+from mlc.cluster.replica import REPLICA_APP, REPLICA_DEPLOYMENT
+from mlc.server.app import MAX_BODY_BYTES, BodyLimitMiddleware
+from mlc.server.auth import check_authorization
+from mlc.server.errors import error_body
+from mlc.server.protocol.streaming import DONE, sse
+
+log = logging.getLogger("mlc.cluster.gateway")
+
+GATEWAY_APP = "mlc"
+GATEWAY_DEPLOYMENT = "MlcGateway"
+HEALTH_PATHS = ("/health", "/ready", "/live")
+HEALTH_WAIT_S = 5.0
+TRIES = 3
+
+
+def _unavailable(message: str, code: str = "no_replica") -> JSONResponse:
+    return JSONResponse(error_body(message, "service_unavailable", None, code), 503, headers={"Retry-After": "2"})
+
+
+class Gateway:
+    def __init__(self, spec: dict):
+        from ray import serve
+
+        from mlc.cluster.registry import STALE_S, get_registry
+
+        self.replicas = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=REPLICA_APP)
+        self.chunk_chars = spec["chunk_chars"]
+        self.request_timeout_s = spec["request_timeout_s"]
+        self.api_keys = spec["api_keys"]
+        self.registry = get_registry()
+        self.stale_s = STALE_S
+
+    async def __call__(self, request: Request) -> Response:
+        if request.url.path == "/metrics" and request.method == "GET":
+            problem = check_authorization(request.headers.get("authorization"), self.api_keys) if self.api_keys else None
+            if problem is None:
+                return await self._metrics()
+        body = await _read_body(request)
+        if body is None:
+            message = BodyLimitMiddleware(None, MAX_BODY_BYTES).message
+            return JSONResponse(error_body(message, "invalid_request_error", "body", "body_too_large"), 413,
+                                headers={"Connection": "close"})
+        affinity = chunk_hashes(prompt_text(request.url.path, body), self.chunk_chars)
+        return await self._forward(ForwardedRequest.from_scope(request.scope, body, affinity))
+
+    async def _forward(self, fwd: ForwardedRequest) -> Response:
+        wait_s = HEALTH_WAIT_S if fwd.path in HEALTH_PATHS else self.request_timeout_s
+        last: BaseException | None = None
+        for _ in range(TRIES):
+            stream = self.replicas.forward.options(stream=True).remote(fwd)
+            try:
+                start = await asyncio.wait_for(stream.__anext__(), wait_s)
+            except asyncio.TimeoutError:
+                stream.cancel()
+                if fwd.path in HEALTH_PATHS:
+                    return JSONResponse({"status": "loading"}, 503)
+                return _unavailable(f"no replica took the request within {wait_s:.0f}s; retry later")
+            except StopAsyncIteration:
+                last = RuntimeError("the replica closed the request without an answer")
+                continue
+            except Exception as e:  # the replica died before answering: nothing was sent, try another one
+                log.warning("replica failed before answering %s %s: %s", fwd.method, fwd.path, e)
+                last = e
+                continue
+            headers = [h for h in start.headers] + [(b"x-mlc-replica", start.replica.encode())]
+            response = StreamingResponse(self._body(stream, start), status_code=start.status)
+            response.raw_headers = headers
+            return response
+        return _unavailable(f"the replicas failed before answering ({type(last).__name__}: {last}); retry")
+
+    async def _body(self, stream, start: ResponseStart) -> AsyncIterator[bytes]:
+        events = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in start.headers)
+        finished = False
+        try:
+            async for chunk in stream:
+                yield chunk
+            finished = True
+        except Exception as e:  # the replica died mid-answer
+            log.warning("replica %s failed mid-response: %s", start.replica, e)
+            if events:
+                message = f"the replica serving this stream failed ({type(e).__name__}); retry the request"
+                yield sse(error_body(message, "service_unavailable", None, "replica_failed")).encode()
+                yield DONE.encode()
+        finally:
+            if not finished:
+                stream.cancel()
+
+    async def _metrics(self) -> Response:
+        from mlc.cluster.affinity import DECISIONS
+
+        snapshots = await self.registry.snapshots.remote(self.stale_s) if self.registry is not None else []
+        text = merge({s["id"]: s["metrics"] for s in snapshots})
+        text += gauge("mlc:replicas", "Replicas posting their state, by status.", _by_status(snapshots))
+        if DECISIONS:
+            text += gauge("mlc:router_requests", "Requests routed, by prefix-affinity decision.",
+                          {(("decision", d),): n for d, n in sorted(DECISIONS.items())}, kind="counter")
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _by_status(snapshots: list[dict]) -> dict:
+    counts: dict = {}
+    for s in snapshots:
+        key = (("status", s["status"]),)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+async def _read_body(request: Request) -> bytes | None:
+    """The whole body, or None past the server's limit (without reading the rest)."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)

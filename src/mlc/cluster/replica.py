@@ -1,0 +1,106 @@
+"""One serving replica: the server's own FastAPI app (`mlc.server.app.create_app`, so health, both APIs, streaming,
+auth, audit and metrics are the same code as `mlc-cli serve`) driven in-process by the gateway's forwarded
+requests. The constructor returns once the model is loaded, so Ray Serve counts a replica as running only when it
+can answer; a dead engine fails the health check and Serve replaces the replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
+
+log = logging.getLogger("mlc.cluster.replica")
+
+REPLICA_APP = "mlc-replicas"
+REPLICA_DEPLOYMENT = "MlcReplica"
+
+
+class ReplicaServer:
+    async def __init__(self, spec: dict):
+        import ray
+        from ray import serve
+
+        from mlc.config.serve_config import ServeConfig
+        from mlc.cluster.registry import get_registry
+        from mlc.errors import ClusterError
+        from mlc.server.app import create_app
+        from mlc.server.observability.hooks import HooksConfig
+        from mlc.server.state import ERROR, LOADING
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.config = ServeConfig(**spec["serve"])
+        self.generation = spec.get("generation", 0)
+        self.app = create_app(self.config, HooksConfig(**spec.get("hooks", {})))
+        self.state = self.app.state.mlc
+        self._lifespan = self.app.router.lifespan_context(self.app)
+        await self._lifespan.__aenter__()
+        while self.state.status == LOADING:
+            await asyncio.sleep(0.1)
+        if self.state.status == ERROR:
+            await self._lifespan.__aexit__(None, None, None)
+            raise ClusterError(f"the replica could not serve {self.config.engine.model}: {self.state.error}")
+        self.id = serve.get_replica_context().replica_id.unique_id
+        self.node = node_address()
+        self.started = time.time()
+        self.registry = get_registry()
+        self._push_s = float(spec.get("push_s", 1.0))
+        self._pusher = asyncio.create_task(self._push_loop())
+
+    async def forward(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        async for item in run_asgi(self.app, request, self.id):
+            yield item
+
+    def check_health(self) -> None:
+        from mlc.server.state import ERROR
+
+        engine_error = self.state.engine.error if self.state.engine is not None else None
+        if self.state.status == ERROR or engine_error is not None:
+            raise RuntimeError(f"engine failed: {self.state.error or engine_error}")
+
+    def snapshot(self) -> dict:
+        stats = self.state.stats()
+        return {
+            "id": self.id, "node": self.node, "pid": os.getpid(), "generation": self.generation,
+            "model": self.config.engine.model, "served_model_name": self.state.model_id,
+            "adapters": sorted(self.config.engine.lora_adapters), "status": self.state.status,
+            "in_flight": len(self.state.active), "running": stats.num_running if stats else 0,
+            "waiting": self.state.waiting(), "kv_cache_usage": stats.kv_cache_usage if stats else 0.0,
+            "prefix_cache_hits": stats.prefix_cache_hits if stats else 0,
+            "prefix_cache_queries": stats.prefix_cache_queries if stats else 0,
+            "started": self.started, "metrics": self.state.metrics.render().decode(),
+        }
+
+    async def _push_loop(self) -> None:
+        while True:
+            try:
+                if self.registry is not None:
+                    await self.registry.report.remote(self.snapshot())
+            except Exception as e:  # the registry restarting: post again next round
+                log.warning("could not post to the registry: %s", e)
+            await asyncio.sleep(self._push_s)
+
+    async def __del__(self) -> None:
+        pusher = getattr(self, "_pusher", None)
+        if pusher is not None:
+            pusher.cancel()
+        if getattr(self, "registry", None) is not None:
+            try:
+                await self.registry.remove.remote(self.id)
+            except Exception:  # the registry is gone too (deploy down): nothing to tidy
+                pass
+        if getattr(self, "_lifespan", None) is not None:
+            await self._lifespan.__aexit__(None, None, None)
+
+
+def node_address() -> str:
+    """The address this replica's node joined the cluster with (a local head's is 127.0.0.1), as Ray records it;
+    `ray.util.get_node_ip_address` in a worker guesses from the machine's routes instead."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    found = (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+    return next(found, ray.util.get_node_ip_address())

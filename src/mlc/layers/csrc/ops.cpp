@@ -1,0 +1,25 @@
+// Every op of the C++ CPU kernels registered in one place, as torch.ops.mlc_kernels.<name> (CPU only). The kernels
+// are declared in ops.h and defined in decode_attention.cpp, int4_linear.cpp, int8_linear.cpp and fused_ops.cpp.
+// Built at run time by mlc/layers/cpu_kernels.py (which also registers the shape-only versions of the GEMMs that
+// torch.compile traces).
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(mlc_kernels, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pages, Tensor ctx, int page_size, float scale) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor packed, int group) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor packed) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("rope_neox(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
+  m.def("silu_mul(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
+  m.impl("decode_attention", &mlc::decode_attention);
+  m.impl("int4_linear", &mlc::int4_linear);
+  m.impl("int8_linear", &mlc::int8_linear);
+  m.impl("rms_norm", &mlc::rms_norm);
+  m.impl("rope_neox", &mlc::rope_neox);
+  m.impl("silu_mul", &mlc::silu_mul);
+}

@@ -1,0 +1,27 @@
+// The ops of the C++ CPU kernels, each defined in the source named beside it; ops.cpp registers them all as
+// torch.ops.mlc_kernels.<name>. Built at run time by mlc/layers/cpu_kernels.py.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace mlc {
+
+// decode_attention.cpp: one query token per sequence over the paged KV cache, read in place through the page table
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages,
+                            const at::Tensor& ctx, int64_t page_size, double scale);
+
+// int4_linear.cpp: y = x W^T from group-wise int4 weights in pack_int4_tiles' layout
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t group);
+
+// int8_linear.cpp: y = x W^T from per-row int8 weights in pack_int8_tiles' layout
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed);
+
+// fused_ops.cpp: the fused elementwise steps of a decoder layer
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                     int64_t head_dim);
+at::Tensor silu_mul(const at::Tensor& x);
+
+}  // namespace mlc

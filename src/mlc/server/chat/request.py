@@ -1,0 +1,59 @@
+"""A chat completion request made ready for the engine, on the tokenizer thread: its tools, the prompt under the
+chat template (with chat_template_kwargs), the grammar its output must follow, and how to read the reply
+(reasoning, tool calls)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlc.engine.grammar import GrammarSpec
+from mlc.errors import InvalidRequestError
+from mlc.models.tokenizer import RESERVED_TEMPLATE_KWARGS
+from mlc.server.chat.assistant_output import AssistantOutput
+from mlc.server.prompting import Prompt, render
+from mlc.server.chat.reasoning import ReasoningSplitter, starts_inside, template_reasons
+from mlc.server.protocol.schemas import ChatCompletionRequest
+from mlc.server.state import ServerState
+from mlc.server.chat.structured import compile_grammar, requested_spec
+from mlc.server.chat.tool_grammar import tool_call_grammar
+from mlc.server.chat.tools import ToolSetup, setup_tools
+
+
+@dataclass
+class ChatPlan:
+    prompt: Prompt
+    tools: ToolSetup | None
+    grammar: GrammarSpec | None
+    reasoning: bool  # the template's model thinks in <think>: split it out as reasoning_content
+    inside: bool  # the prompt opened <think> for the model
+
+    def output(self) -> AssistantOutput:
+        """A fresh reader of one choice's text."""
+        splitter = ReasoningSplitter(self.inside) if self.reasoning else None
+        parser = self.tools.parser() if self.tools is not None and self.tools.parses else None
+        return AssistantOutput(splitter, parser)
+
+
+def template_kwargs(body: ChatCompletionRequest) -> dict | None:
+    kwargs = body.chat_template_kwargs
+    if not kwargs:
+        return None
+    bad = [k for k in kwargs if k in RESERVED_TEMPLATE_KWARGS or not k.isidentifier()]
+    if bad:
+        raise InvalidRequestError(f"chat_template_kwargs cannot set {bad[0]!r} (reserved, or not a name); set it "
+                                  "with its own request field", field="chat_template_kwargs")
+    return dict(kwargs)
+
+
+def plan_chat(state: ServerState, body: ChatCompletionRequest, context: int) -> ChatPlan:
+    template = getattr(state.engine.tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    tools = setup_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template,
+                        state.config.tool_call_parser)
+    prompt = render(state, body.messages, True, context, tools, template_kwargs(body))
+    forced = None
+    if tools is not None and tools.forced:  # tags that are added tokens must be forced as those tokens
+        forced = tool_call_grammar(tools, state.engine.tokenizer.get_added_vocab())
+    grammar = compile_grammar(state, requested_spec(body, forced))
+    reasons = template_reasons(template)
+    return ChatPlan(prompt, tools, grammar, reasons, reasons and starts_inside(prompt.text or ""))

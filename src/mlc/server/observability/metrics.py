@@ -1,0 +1,138 @@
+"""Prometheus metrics with vLLM's names under an `mlc:` prefix.
+
+Latency histograms are observed by the server as requests finish; engine counters and gauges (running/waiting,
+KV usage, prefix cache, preemptions, token counts) are read from `LLMEngine.stats()` at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request, Security
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mlc.server.auth import bearer_scheme
+from mlc.server.observability.metrics_history import LatencyWindow, MetricsHistory
+from mlc.server.protocol.responses_doc import AUTH_RESPONSES
+
+if TYPE_CHECKING:
+    from mlc.engine.outputs import EngineStats
+    from mlc.engine.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0)
+TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+                 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                   480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineCollector(Collector):
+    """Engine state at scrape time; zeros while the model loads."""
+
+    def __init__(self, model: str, stats: Callable[[], EngineStats | None], waiting: Callable[[], int],
+                 page_size: int):
+        self.model = model
+        self.stats = stats
+        self.waiting = waiting
+        self.page_size = page_size  # the engine counts prefix-cache pages; vLLM's metric counts tokens
+
+    def collect(self):
+        s = self.stats()
+        labels = [self.model]
+
+        def gauge(name: str, doc: str, value: float):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            return g
+
+        def counter(name: str, doc: str, value: float):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(labels, value)
+            return c
+
+        yield gauge("mlc:num_requests_running", "Sequences in the running batch.", s.num_running if s else 0)
+        yield gauge("mlc:num_requests_waiting", "Requests admitted and waiting for the batch.",
+                    max(s.num_waiting if s else 0, self.waiting()))
+        yield gauge("mlc:kv_cache_usage_perc", "Share of KV cache pages in use (1 = full).",
+                    s.kv_cache_usage if s else 0.0)
+        yield counter("mlc:prefix_cache_queries", "Prompt tokens looked up in the prefix cache (whole pages).",
+                      s.prefix_cache_queries * self.page_size if s else 0)
+        yield counter("mlc:prefix_cache_hits", "Prompt tokens found in the prefix cache (whole pages).",
+                      s.prefix_cache_hits * self.page_size if s else 0)
+        yield counter("mlc:num_preemptions", "Sequences preempted (pages freed, recomputed later).",
+                      s.num_preemptions if s else 0)
+        yield counter("mlc:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens if s else 0)
+        yield counter("mlc:generation_tokens", "Tokens generated.", s.generation_tokens if s else 0)
+
+
+class ServerMetrics:
+    def __init__(self, model: str):
+        self.model = model
+        self.registry = CollectorRegistry()
+        self.engine_collector: EngineCollector | None = None
+        self.latency = LatencyWindow()  # for the dashboard: exact recent percentiles
+        self.history: MetricsHistory | None = None
+        r, labels = self.registry, ["model_name"]
+        self.ttft = Histogram("mlc:time_to_first_token_seconds", "Time from request to its first token.", labels,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("mlc:time_per_output_token_seconds", "Mean time per output token after the first.",
+                              labels, buckets=TOKEN_BUCKETS, registry=r)
+        self.itl = Histogram("mlc:inter_token_latency_seconds", "Time between consecutive tokens.", labels,
+                             buckets=TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("mlc:e2e_request_latency_seconds", "Time from request to its last token.", labels,
+                             buckets=REQUEST_BUCKETS, registry=r)
+        self.queue = Histogram("mlc:request_queue_time_seconds", "Time a request waited before its first step.",
+                               labels, buckets=REQUEST_BUCKETS, registry=r)
+        self.finished = Counter("mlc:request_success", "Finished requests by finish reason.",
+                                labels + ["finished_reason"], registry=r)
+        self.rejected = Counter("mlc:request_rejected", "Requests refused before reaching the engine.",
+                                labels + ["reason"], registry=r)
+
+    def watch_engine(self, stats: Callable[[], EngineStats | None], waiting: Callable[[], int], page_size: int):
+        self.engine_collector = EngineCollector(self.model, stats, waiting, page_size)
+        self.registry.register(self.engine_collector)
+        self.history = MetricsHistory(stats, waiting, self.latency)
+        self.history.start(asyncio.get_running_loop())  # called on the server's loop once the model is loaded
+
+    def observe(self, out: RequestOutput, start: float, first_output: float | None, end: float) -> None:
+        """One finished request: TTFT and E2E from the server's clock, token gaps from the engine's."""
+        m = self.model
+        if first_output is not None:
+            self.ttft.labels(m).observe(first_output - start)
+        self.e2e.labels(m).observe(end - start)
+        queue_time = out.metrics.queue_time
+        if queue_time is not None:
+            self.queue.labels(m).observe(max(queue_time, 0.0))
+        times = out.metrics.token_times
+        for a, b in zip(times, times[1:]):
+            self.itl.labels(m).observe(b - a)
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        if tpot is not None:
+            self.tpot.labels(m).observe(tpot)
+        ttft = first_output - start if first_output is not None else None
+        self.latency.add(ttft, tpot, end - start, out.num_generated_tokens)
+
+    def count_finished(self, reason: str) -> None:
+        self.finished.labels(self.model, reason).inc()
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+router = APIRouter(tags=["metrics"], dependencies=[Security(bearer_scheme)])
+
+
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics",
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                             "description": "Prometheus text format; names start with mlc:"}, **AUTH_RESPONSES})
+async def metrics(request: Request):
+    return Response(request.app.state.mlc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
