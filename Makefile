@@ -16,7 +16,7 @@ APT_GET ?= $(shell command -v apt-get)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 
-.PHONY: setup model browser test test-slow serve chat clean-venv
+.PHONY: setup model browser lint test test-slow serve chat clean-venv
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,14 @@ browser:
 		|| echo "note: apt-get could not install chromium; the web UI tests will be skipped"; \
 	else echo "note: no $(CHROMIUM): the web UI tests will be skipped; to run them: sudo apt-get install -y chromium"; fi
 
-test: model browser
+# ruff, mypy (strict on mlc.engine), the layer contracts (import-linter) and declared = used dependencies (deptry)
+lint: setup
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/deptry src tests
+
+test: lint model browser
 	$(PY) -m pytest -q -rs tests
 
 test-slow: model browser

@@ -24,7 +24,7 @@ def default_model_dir():
 @pytest.fixture(scope="module")
 def cpu_kernels():
     """The C++ CPU kernels, which must build wherever a C++ compiler is (a broken kernel fails, never skips): modules
-    take it through `kernel_marks.CPU_KERNELS`, which skips them on machines without a compiler."""
+    take it through `tests.support.kernel_marks.CPU_KERNELS`, which skips them on machines without a compiler."""
     from mlc.layers.cpu_kernels import build_failure, load
 
     assert load(), f"the C++ CPU kernels failed to build: {build_failure()}"

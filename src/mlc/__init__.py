@@ -6,7 +6,11 @@
 
 __version__ = "0.1.0"
 
-_LAZY = {"LLM": "mlc.engine.llm", "SamplingParams": "mlc.engine.sampling_params", "EngineConfig": "mlc.config.engine_config"}
+_LAZY = {
+    "LLM": "mlc.engine.llm",
+    "SamplingParams": "mlc.engine.sampling_params",
+    "EngineConfig": "mlc.config.engine_config",
+}
 __all__ = ["LLM", "SamplingParams", "EngineConfig", "__version__"]
 
 

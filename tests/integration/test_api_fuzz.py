@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from test_server_support import ServerProcess
+
+from tests.support.server_process import ServerProcess
 
 SERVER_ARGS = ["--max-seq-len", "64", "--max-batch-size", "4", "--max-queue", "8", "--default-max-tokens", "4",
                "--request-timeout", "60"]

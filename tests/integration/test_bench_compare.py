@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_llama import build_tiny_llama
 
 from mlc.bench.compare import CompareConfig
 from mlc.bench.compare_run import run_compare
 from mlc.bench.offline_cb import run_transformers_cb
+from tests.support.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """`mlc-cli deploy` and `mlc-cli train --cluster-config` on a real local Ray head (loopback, 2 CPUs): two replicas
-of the default model (smollm2-135m-instruct, from the model store `make test` fills) behind one endpoint with the server's API, prefix affinity, a replica killed under load, a
-roll onto an adapter without a failed request, and a 2-worker Ray Train job (a worker killed mid-run, on a tiny
-random Llama so that its loss curve can be compared with one process to 1e-5) whose adapter is rolled onto the
-replicas with the command the job prints, which also moves them to that model. One Ray cluster for the module; `deploy down` stops it."""
+of the default model (smollm2-135m-instruct, from the model store `make test` fills) behind one endpoint with the
+server's API, prefix affinity, a replica killed under load, a roll onto an adapter without a failed request, and a
+2-worker Ray Train job (a worker killed mid-run, on a tiny random Llama so that its loss curve can be compared with
+one process to 1e-5) whose adapter is rolled onto the replicas with the command the job prints, which also moves
+them to that model. One Ray cluster for the module; `deploy down` stops it."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_server_support import MODEL, free_port  # noqa: E402
-from tiny_llama import build_tiny_llama  # noqa: E402
+from tests.support.server_process import MODEL, free_port
+from tests.support.tiny_llama import build_tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -274,7 +274,8 @@ def test_training_on_the_pool_survives_a_killed_worker_and_its_adapter_rolls_on(
            "max_seq_len": 64, "save_every": 3, "seed": 3, "precision": "fp32", "output_dir": "cs"}
     (root / "lora.yaml").write_text(yaml.safe_dump(raw))
     proc = subprocess.Popen([sys.executable, "-m", "mlc.cli.main", "train", "--config", str(root / "lora.yaml"),
-                             "--cluster-config", str(cluster.config)], env={**ENV, "MLC_TEST_TRAIN_STEP_DELAY_S": "0.4"},
+                             "--cluster-config", str(cluster.config)],
+                            env={**ENV, "MLC_TEST_TRAIN_STEP_DELAY_S": "0.4"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out_dir = root / "runs" / "cs"
     deadline = time.monotonic() + 300

@@ -4,8 +4,9 @@ error, exit code 10, and the head it started is stopped again (nothing half-star
 from __future__ import annotations
 
 import yaml
-from test_cluster import cli
-from test_server_support import free_port
+
+from tests.integration.test_cluster import cli
+from tests.support.server_process import free_port
 
 
 def test_too_large_an_ask_fails_before_anything_starts_and_leaves_nothing_running(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ PROMPTS = ["Hello, thank you", "Where is my refund?", "您好", "How do I reset 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tiny_llama import build_tiny_llama
+    from tests.support.tiny_llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("compile") / "llama"))
 

@@ -8,7 +8,7 @@ import torch
 
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
-from prompts import CHAT_PROMPTS, chat_prompts
+from tests.support.prompts import CHAT_PROMPTS, chat_prompts
 
 NEW = 32
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0.0)

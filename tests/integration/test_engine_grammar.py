@@ -9,13 +9,13 @@ import re
 
 import jsonschema
 import pytest
-from tiny_llama import build_tiny_llama
 
 from mlc.config.engine_config import EngineConfig
 from mlc.engine.grammar import GrammarSpec
 from mlc.engine.llm import LLM
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
+from tests.support.tiny_llama import build_tiny_llama
 
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 999},
                                            "tag": {"enum": ["a", "b"]}, "ok": {"type": "boolean"}},

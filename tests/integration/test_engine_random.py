@@ -1,15 +1,15 @@
-"""Hundreds of random engine schedules on a tiny random model, checked against invariants (tests/engine_schedules.py);
-a wider seed sweep runs with the slow tests."""
+"""Hundreds of random engine schedules on a tiny random model, checked against invariants
+(tests/support/engine_schedules.py); a wider seed sweep runs with the slow tests."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine_schedules import sweep
 from mlc.config.engine_config import EngineConfig
 from mlc.engine.llm_engine import LLMEngine
-from tiny_llama import build_tiny_llama
+from tests.support.engine_schedules import sweep
+from tests.support.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,8 @@ def engines(tmp_path_factory):
             if "lora_" in name:
                 p.normal_(0.0, 0.3)
     peft.save_pretrained(str(root / "adapter"))
-    base = LLMEngine(EngineConfig(model=str(base_dir)), kv_cache_memory="4MiB", lora_adapters={"a1": str(root / "adapter")})
+    base = LLMEngine(EngineConfig(model=str(base_dir)), kv_cache_memory="4MiB",
+                     lora_adapters={"a1": str(root / "adapter")})
     reference = LLMEngine(base.config, model=base.model, tokenizer=base.tokenizer, lora_adapters={},
                           max_batch_size=8, enable_prefix_caching=False)
     reference.adapters, reference.adapter_ids = base.adapters, base.adapter_ids

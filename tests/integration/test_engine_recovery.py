@@ -10,7 +10,7 @@ from mlc.engine import recovery
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
 from mlc.errors import EngineDeadError, EngineStepError
-from tiny_llama import build_tiny_llama
+from tests.support.tiny_llama import build_tiny_llama
 
 POISON = 7  # a prompt holding this token makes the faulty runner raise
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)

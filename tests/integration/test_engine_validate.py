@@ -9,7 +9,7 @@ from mlc.config.engine_config import EngineConfig
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
 from mlc.errors import ContextLengthError, InvalidRequestError, RequestTooLargeError
-from tiny_llama import build_tiny_llama
+from tests.support.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from mlc.config.engine_config import SparseKVConfig
 from mlc.engine.llm import LLM
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
-from prompts import CHAT_PROMPTS
+from tests.support.prompts import CHAT_PROMPTS
 
 NEW = 16
 GREEDY = SamplingParams(max_new_tokens=NEW, temperature=0.0)

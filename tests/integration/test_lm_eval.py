@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_server_support import MODEL, ServerProcess
+
+from tests.support.server_process import MODEL, ServerProcess
 
 TASK = Path(__file__).resolve().parents[2] / "data" / "eval" / "capitals.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -12,7 +12,7 @@ from mlc.engine.sampling_params import SamplingParams
 from mlc.errors import ModelFormatError, ModelNotFoundError
 from mlc.layers.lora import lora_rows
 from mlc.models.loader import load_model
-from tiny_llama import build_tiny_llama
+from tests.support.tiny_llama import build_tiny_llama
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -44,7 +44,8 @@ def dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def llm(dirs):
     base_dir, adapters = dirs
-    return LLM(str(base_dir), kv_cache_memory="8MiB", lora_adapters={"a1": str(adapters[0][0]), "a2": str(adapters[1][0])})
+    return LLM(str(base_dir), kv_cache_memory="8MiB",
+               lora_adapters={"a1": str(adapters[0][0]), "a2": str(adapters[1][0])})
 
 
 PROMPTS = [[5, 9, 33, 70, 12, 8], [100, 3, 44], [7, 7, 8, 200, 31, 2, 90, 17, 5]]
@@ -108,7 +109,7 @@ def test_adapter_names_and_bad_adapters(dirs, llm, tmp_path):
 def test_server_selects_the_adapter_by_model_name(dirs, tmp_path):
     import httpx
 
-    from test_server_support import ServerProcess
+    from tests.support.server_process import ServerProcess
 
     base_dir, adapters = dirs
     server = ServerProcess(tmp_path, ["--model", str(base_dir), "--served-model-name", "tiny",

@@ -11,7 +11,8 @@ import time
 import httpx
 import openai
 import pytest
-from test_server_support import MODEL, ServerProcess, metric, sse_events, wait_for
+
+from tests.support.server_process import MODEL, ServerProcess, metric, sse_events, wait_for
 
 HOOK = """
 import sys
@@ -47,7 +48,7 @@ def post(server, path: str, body=None, **kw) -> httpx.Response:
     return httpx.post(server.url + path, json=body, timeout=60, **kw)
 
 
-# -- health --------------------------------------------------------------------------------------------------------
+# health
 def test_health_answers_loading_then_healthy(server):
     first_code, first_body = server.health_seen[0]
     assert (first_code, first_body) == (503, {"status": "loading"})
@@ -64,7 +65,7 @@ def test_requests_while_loading_get_503(server):
     assert r.headers["retry-after"]
 
 
-# -- native API ----------------------------------------------------------------------------------------------------
+# native API
 def test_generate(server):
     r = post(server, "/generate", {"prompt": "The capital of France is", "max_new_tokens": 8, "temperature": 0})
     assert r.status_code == 200
@@ -94,7 +95,7 @@ def test_generate_stream_matches_plain(server):
     assert last["usage"] == plain["usage"]
 
 
-# -- OpenAI API through the official client -------------------------------------------------------------------------
+# OpenAI API through the official client
 def test_models(client):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]
@@ -217,7 +218,7 @@ def test_seed_reproducible(client):
     assert len({sample(11), sample(12), sample(13)}) > 1
 
 
-# -- tokenizer routes ------------------------------------------------------------------------------------------------
+# tokenizer routes
 def test_tokenize_detokenize(server):
     r = post(server, "/tokenize", {"prompt": "Hello world", "return_token_strs": True}).json()
     assert r["count"] == len(r["tokens"]) > 0 and r["max_model_len"] == 512
@@ -230,7 +231,7 @@ def test_tokenize_detokenize(server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
-# -- bad input: every case a 4xx that names the field ------------------------------------------------------------
+# bad input: every case a 4xx that names the field
 LONG = "hello " * 600
 BAD = [
     ("/generate", {"prompt": "hi", "max_new_tokens": 0}, "max_new_tokens"),
@@ -299,7 +300,7 @@ def test_context_profile_bounds_the_request(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
 
 
-# -- invisible characters ---------------------------------------------------------------------------------------------
+# invisible characters
 def test_invisible_characters_are_stripped_and_counted(server):
     dirty = "The capital\u200b of France\u2060 is\ufeff"
     r = post(server, "/generate", {"prompt": dirty, "max_new_tokens": 4, "temperature": 0})
@@ -314,7 +315,7 @@ def test_invisible_characters_are_stripped_and_counted(server):
     assert joiner["stripped_chars"] == 0  # ZWJ is kept: emoji sequences and Indic scripts need it
 
 
-# -- disconnects, metrics ---------------------------------------------------------------------------------------------
+# disconnects, metrics
 def engine_idle(server):
     m = server.metrics()
     return metric(m, "mlc:num_requests_running") == 0 and metric(m, "mlc:kv_cache_usage_perc") == 0 and m
@@ -351,7 +352,7 @@ def test_metrics_have_vllm_like_names(server):
     assert metric(m, "mlc:generation_tokens_total") > 0 and metric(m, "mlc:e2e_request_latency_seconds_count") > 0
 
 
-# -- audit log and hooks ----------------------------------------------------------------------------------------------
+# audit log and hooks
 def audit_lines(server) -> list[dict]:
     return [json.loads(line) for line in server.audit_path.read_text().splitlines()]
 
@@ -386,7 +387,7 @@ def test_hook_receives_the_audit_record(server):
     assert records[0]["completion_tokens"] == r.json()["usage"]["completion_tokens"]
 
 
-# -- schema and page ------------------------------------------------------------------------------------------------
+# schema and page
 def test_openapi_lists_every_route(server):
     spec = httpx.get(server.url + "/openapi.json").json()
     routes = {(m.upper(), p) for p, ops in spec["paths"].items() for m in ops}

@@ -7,7 +7,8 @@ import json
 import httpx
 import openai
 import pytest
-from test_server_support import MODEL, ServerProcess, wait_for
+
+from tests.support.server_process import MODEL, ServerProcess, wait_for
 
 KEY, ENV_KEYS, WRONG = "flag-key-123", "env-key-a,env-key-b", "wrong-key-zzz"
 CHAT = [{"role": "user", "content": "Say hi."}]

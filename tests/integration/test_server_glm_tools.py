@@ -4,17 +4,13 @@ GLM-4.5 reasoning comes apart as reasoning_content (whole and streamed), and 50 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import openai
 import pytest
-from agent_cases import ASK, TOOLS, assemble_stream, check_calls, json_objects
-from test_server_support import ServerProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_glm import build_tiny_glm  # noqa: E402
+from tests.support.agent_cases import ASK, TOOLS, assemble_stream, check_calls, json_objects
+from tests.support.server_process import ServerProcess
+from tests.support.tiny_glm import build_tiny_glm
 
 
 def _serve(tmp_path_factory, moe: bool, args: list[str]):

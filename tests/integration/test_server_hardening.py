@@ -11,7 +11,8 @@ import time
 
 import httpx
 import pytest
-from test_server_support import ServerProcess
+
+from tests.support.server_process import ServerProcess
 
 VOCAB = 49152  # smollm2-135m-instruct
 

@@ -11,7 +11,8 @@ import time
 
 import httpx
 import pytest
-from test_server_support import ServerProcess, metric, sse_events, wait_for
+
+from tests.support.server_process import ServerProcess, metric, sse_events, wait_for
 
 TIMEOUT_S = 6
 LONG = {"prompt": "Write a very long story about the sea.", "max_tokens": 500, "ignore_eos": True}

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from test_server_support import ServerProcess, wait_for
+
+from tests.support.server_process import ServerProcess, wait_for
 
 POISON = 12345
 FAULT = f"""

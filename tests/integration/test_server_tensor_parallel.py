@@ -15,8 +15,8 @@ import httpx
 
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
-from test_server_support import ServerProcess
-from tiny_llama import build_tiny_llama
+from tests.support.server_process import ServerProcess
+from tests.support.tiny_llama import build_tiny_llama
 
 PROMPTS = [[5 + i, 9, 33, 70 + i, 12, 8, 41 + 3 * i] for i in range(8)]
 

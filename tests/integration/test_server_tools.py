@@ -10,8 +10,9 @@ import re
 import httpx
 import openai
 import pytest
-from agent_cases import ASK, TOOLS, assemble_stream, check_calls, json_objects
-from test_server_support import MODEL, ServerProcess
+
+from tests.support.agent_cases import ASK, TOOLS, assemble_stream, check_calls, json_objects
+from tests.support.server_process import MODEL, ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,8 @@ def test_json_object_and_vllm_extras(client):
     r = client.chat.completions.create(**chat, extra_body={"guided_grammar": 'root ::= "ok" | "no"'})
     assert r.choices[0].message.content in ("ok", "no")
     c = client.completions.create(model=MODEL, prompt="A person:", max_tokens=60, temperature=0,
-                                  extra_body={"guided_json": {"type": "object", "properties": {"n": {"type": "integer"}},
+                                  extra_body={"guided_json": {"type": "object",
+                                                              "properties": {"n": {"type": "integer"}},
                                                               "required": ["n"], "additionalProperties": False}})
     assert isinstance(json.loads(c.choices[0].text)["n"], int)
 

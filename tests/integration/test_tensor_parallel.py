@@ -19,8 +19,8 @@ from mlc.engine.sampling_params import SamplingParams
 from mlc.errors import ConfigError, DeviceError
 from mlc.layers.quant import quantize_model
 from mlc.models.loader import load_model
-from tiny_glm import build_tiny_glm
-from tiny_llama import build_tiny_llama
+from tests.support.tiny_glm import build_tiny_glm
+from tests.support.tiny_llama import build_tiny_llama
 
 PROMPTS = [[5, 9, 33, 70, 12, 8, 41, 17, 99, 3, 64, 21], [100, 3, 44], [7, 7, 8, 200, 31, 2, 90, 17, 5]]
 TOL = 1e-4
@@ -144,8 +144,7 @@ def test_llama_with_one_kv_head_replicated(root, llama_dir):
 
 @pytest.mark.slow
 def test_glm_moe_dsa(root, llama_dir):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "numerics"))
-    from test_glm_moe_dsa import build_pair
+    from tests.numerics.test_glm_moe_dsa import build_pair
 
     path = root / "glm5"
     build_pair(path, vocab_size=384)

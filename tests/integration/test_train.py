@@ -16,14 +16,12 @@ import pytest
 import torch
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from mlc.config.loader import validate_train_config  # noqa: E402
-from mlc.errors import ConfigError, TrainingError  # noqa: E402
-from mlc.train.checkpoint import MANIFEST_FILE, checkpoint_problem, list_checkpoints  # noqa: E402
-from mlc.train.logging import TrainLog  # noqa: E402
-from mlc.train.trainer import RunOptions, train  # noqa: E402
+from mlc.config.loader import validate_train_config
+from mlc.errors import ConfigError, TrainingError
+from mlc.train.checkpoint import MANIFEST_FILE, checkpoint_problem, list_checkpoints
+from mlc.train.logging import TrainLog
+from mlc.train.trainer import RunOptions, train
+from tests.support.tiny_llama import build_tiny_llama
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 QUESTIONS = ["Where is my order", "How do I get a refund", "Can I change my address", "我的订单在哪里",
@@ -189,7 +187,8 @@ def test_eval_matches_the_trainers_masked_loss(work, trained):
     base = evaluate(work / "model", work / "eval.jsonl", max_seq_len=64, precision="fp32")
     assert abs(with_adapter.loss - result.eval_loss_after) < 1e-5
     assert abs(base.loss - result.eval_loss_before) < 1e-5
-    assert with_adapter.rows == 8 and with_adapter.perplexity == pytest.approx(torch.exp(torch.tensor(with_adapter.loss)).item())
+    assert with_adapter.rows == 8 and with_adapter.perplexity == pytest.approx(
+        torch.exp(torch.tensor(with_adapter.loss)).item())
 
 
 def test_export_merge_equals_base_plus_adapter(work, trained, tmp_path):
@@ -250,7 +249,7 @@ def test_cli_errors_are_one_line_without_traceback(work, tmp_path, capsys):
     assert code == 2 and "contradict" in err
 
 
-# -- damaged checkpoints at resume ----------------------------------------------------------------------------------
+# damaged checkpoints at resume
 @pytest.fixture(scope="module")
 def saved(work):
     """A finished 4-step run with checkpoints at steps 2 and 4; its losses are what a resume from step 2 must redo."""

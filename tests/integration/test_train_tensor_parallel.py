@@ -12,13 +12,16 @@ import torch
 import yaml
 
 from mlc.engine.llm import LLM
-from test_train import ENV, adapter_tensors, config, finish, losses, run_inproc, work  # noqa: F401
+from tests.integration import test_train
+from tests.integration.test_train import ENV, adapter_tensors, config, finish, losses, run_inproc
+
+work = test_train.work  # test_train's module fixture (its tiny model and data), found here by pytest under this name
 
 LORA = {"lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "lora.dropout": 0.0}  # dropout masks are drawn per rank's slice, so parity is checked without dropout
 
 
-def test_model_parallel_2_matches_one_process(work):  # noqa: F811
+def test_model_parallel_2_matches_one_process(work):
     path = work / "tp2.yaml"
     raw = config(work, "tp2", **LORA, max_steps=6, save_every=3)
     raw["parallel_config"] = {"model_parallel": 2, "data_parallel": 1}
@@ -53,7 +56,7 @@ def test_model_parallel_2_matches_one_process(work):  # noqa: F811
         assert abs(resumed[step] - split[step]) < 1e-6, (step, resumed[step], split[step])
 
 
-def test_model_parallel_refuses_what_it_cannot_split(work, tmp_path, capsys):  # noqa: F811
+def test_model_parallel_refuses_what_it_cannot_split(work, tmp_path, capsys):
     from mlc.cli.main import main
     from mlc.config.loader import validate_train_config
     from mlc.errors import ConfigError
@@ -72,7 +75,7 @@ def test_model_parallel_refuses_what_it_cannot_split(work, tmp_path, capsys):  #
 
 
 @pytest.mark.slow
-def test_two_copies_each_split_in_two_match_two_whole_copies(work):  # noqa: F811
+def test_two_copies_each_split_in_two_match_two_whole_copies(work):
     """data_parallel 2 x model_parallel 2 (four processes, DDP inside each data-parallel group) follows data_parallel
     2 alone step by step."""
     runs = {}

@@ -19,7 +19,8 @@ import sys
 
 import httpx
 import pytest
-from test_server_support import MODEL, ServerProcess, free_port, wait_for
+
+from tests.support.server_process import MODEL, ServerProcess, free_port, wait_for
 
 MINDIE_FLAGS = ["--device_id=0", "--max_batch_size=8", "--max_seq_len=16384", "--enable_paged_attention=true",
                 "--kv_cache_dtype=fp16", "--kv_cache_compression_ratio=0.5"]

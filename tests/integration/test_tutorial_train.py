@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-from tutorial_text import GLM5_7B_LORA_YAML  # noqa: E402
+from tests.support.tiny_llama import build_tiny_llama
+from tests.support.tutorial_text import GLM5_7B_LORA_YAML
 
 LORA_YAML = GLM5_7B_LORA_YAML.replace("model_parallel: 2", "model_parallel: 1")  # two processes, not four
 ROW = {"instruction": "用户说'订单没收到'，应如何回复？", "output": "您好，已为您查询订单状态..."}

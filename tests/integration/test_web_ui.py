@@ -15,12 +15,24 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server_support import ServerProcess, wait_for
-from web_ui_support import (
-    CHROMIUM, CHROMIUM_ARGS, KEY, answers, api_metrics, last_reply, load, open_page, send, settings, shot,
-    train_config, wait_js, wait_reply_done,
-)
 
+from tests.support.server_process import ServerProcess, wait_for
+from tests.support.web_ui import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    KEY,
+    answers,
+    api_metrics,
+    last_reply,
+    load,
+    open_page,
+    send,
+    settings,
+    shot,
+    train_config,
+    wait_js,
+    wait_reply_done,
+)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no {CHROMIUM}: the web UI tests need Debian's "
                                 "chromium; run `make browser` as root, or: sudo apt-get install -y chromium")
@@ -71,7 +83,7 @@ def shots(tmp_path_factory) -> Path:
     return path
 
 
-# -- fast: end-to-end tests that run in `make test` ---------------------------------------------------------------
+# fast: end-to-end tests that run in `make test`
 def test_chat_asks_for_the_key_streams_a_reply_and_keeps_the_conversation(server, browser, shots):
     for path in ("/", "/dashboard", "/train", "/static/chat.js"):  # pages and scripts hold no data: no key needed
         assert httpx.get(server.url + path).status_code == 200, path
@@ -191,7 +203,7 @@ def test_every_control_has_a_label_and_pages_fit_a_phone(server, browser, shots)
     page.close()
 
 
-# -- slow: each needs the model to generate for a while, or a training run ------------------------------------
+# slow: each needs the model to generate for a while, or a training run
 @pytest.mark.slow
 def test_the_chosen_adapter_answers(server, browser, shots):
     page = open_page(browser, server.url + "/")
@@ -268,10 +280,9 @@ def test_training_view_live_with_train_ui_then_two_runs_compared_on_the_server(s
     import subprocess
     import sys
 
-    from test_server_support import free_port
-    from tiny_llama import build_tiny_llama
-
     from mlc.train.checkpoint import list_checkpoints
+    from tests.support.server_process import free_port
+    from tests.support.tiny_llama import build_tiny_llama
 
     build_tiny_llama(tmp_path / "model")
     steps = 400  # run A: long enough (about 5 s here) that the --ui page sees it move between its 2 s polls

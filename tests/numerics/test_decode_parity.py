@@ -20,19 +20,20 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
-    DynamicCache, GlmForCausalLM, Glm4ForCausalLM, Glm4MoeForCausalLM, GlmMoeDsaForCausalLM, LlamaForCausalLM,
+    DynamicCache,
+    Glm4ForCausalLM,
+    Glm4MoeForCausalLM,
+    GlmForCausalLM,
+    GlmMoeDsaForCausalLM,
+    LlamaForCausalLM,
 )
 
-import test_glm
-import test_glm4
-import test_glm4_moe
-import test_glm_moe_dsa
-import test_llama
-from hf_reference import reference_model
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
 from mlc.layers.attention import KEY_QUANTUM
-from tiny_glm import build_glm_tokenizer
+from tests.numerics import test_glm, test_glm4, test_glm4_moe, test_glm_moe_dsa, test_llama
+from tests.support.hf_reference import reference_model
+from tests.support.tiny_glm import build_glm_tokenizer
 
 DECODE_STEPS = 40
 WEIGHT_STD = 0.1

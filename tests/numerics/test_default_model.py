@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged import PagedRunner
-from prompts import CHAT_PROMPTS
+from tests.support.paged import PagedRunner
+from tests.support.prompts import CHAT_PROMPTS
 
 NEW_TOKENS = 32
 PROMPTS = CHAT_PROMPTS

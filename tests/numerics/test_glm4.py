@@ -3,7 +3,7 @@
 import pytest
 from transformers import Glm4Config, Glm4ForCausalLM
 
-from hf_reference import GLM_TINY, ParitySuite, load_pair
+from tests.support.hf_reference import GLM_TINY, ParitySuite, load_pair
 
 
 def tiny_config(**overrides) -> Glm4Config:

@@ -9,13 +9,21 @@ import torch
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
 
-from hf_reference import (
-    Pair, ParitySuite, batch_prompts, check_dense, load_pair, mtp_layer_tensors, read_checkpoint,
-    to_fused_experts, to_per_expert, write_checkpoint,
-)
 from mlc.errors import ModelFormatError
 from mlc.layers.moe import SparseMoeBlock
 from mlc.models.loader import load_model
+from tests.support.hf_reference import (
+    Pair,
+    ParitySuite,
+    batch_prompts,
+    check_dense,
+    load_pair,
+    mtp_layer_tensors,
+    read_checkpoint,
+    to_fused_experts,
+    to_per_expert,
+    write_checkpoint,
+)
 
 
 def tiny_config(**overrides) -> Glm4MoeConfig:

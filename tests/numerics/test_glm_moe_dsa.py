@@ -5,18 +5,26 @@ import pytest
 import torch
 from transformers import DynamicCache, GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
-from hf_reference import (
-    Pair, assert_close, check_dense, hf_logits, mtp_layer_tensors, prompt, read_checkpoint, reference_model,
-    to_fused_experts, write_checkpoint,
-)
-from mlc.layers.attention import KEY_QUANTUM
 from mlc.engine.kv_cache import KVCache
 from mlc.errors import ModelFormatError
+from mlc.layers.attention import KEY_QUANTUM
 from mlc.layers.moe import SparseMoeBlock
 from mlc.models.glm_moe_dsa import GlmMoeDsaForCausalLM as OurGlmMoeDsa
 from mlc.models.glm_moe_dsa import latent_cache_spec
 from mlc.models.loader import load_model
-from paged import PagedRunner, incremental_logits
+from tests.support.hf_reference import (
+    Pair,
+    assert_close,
+    check_dense,
+    hf_logits,
+    mtp_layer_tensors,
+    prompt,
+    read_checkpoint,
+    reference_model,
+    to_fused_experts,
+    write_checkpoint,
+)
+from tests.support.paged import PagedRunner, incremental_logits
 
 LENGTHS = (3, 12, 40)  # 3 <= index_topk (DSA keeps every key); 12 and 40 are sparse
 BATCH = (12, 3, 40, 7)

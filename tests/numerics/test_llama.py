@@ -3,7 +3,7 @@
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_reference import ParitySuite, load_pair
+from tests.support.hf_reference import ParitySuite, load_pair
 
 
 def tiny_config(**overrides) -> LlamaConfig:

@@ -5,29 +5,26 @@ format, a call as the template writes it is what the forced-call grammar accepts
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from mlc.engine.grammar import GrammarCompiler
 from mlc.models.chat_templates import GLM4_CHAT_TEMPLATE, GLM45_CHAT_TEMPLATE
 from mlc.models.tokenizer import render_chat
-from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
 from mlc.server.chat.tool_grammar import tool_call_grammar
 from mlc.server.chat.tool_parsers import make_parser
 from mlc.server.chat.tools import GENERIC_PROMPT, detect_format, for_template, setup_tools, template_knows_tools
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_glm import build_glm_tokenizer  # noqa: E402
-from tiny_llama import CHATML  # noqa: E402
+from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
+from tests.support.tiny_glm import build_glm_tokenizer
+from tests.support.tiny_llama import CHATML
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
                           "required": ["city"]}}}
 TOOLS = [ToolDef.model_validate(WEATHER)]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}
 CONVERSATION = [{"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": None, "tool_calls": [CALL]},
                 {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "call_1", "name": "get_weather"}]
@@ -109,7 +106,8 @@ def test_a_call_as_the_template_writes_it_is_what_the_grammar_forces_and_the_par
     named = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}})
     setup = setup_tools(TOOLS, named, None, template, None)
     assert setup.format == fmt and setup.forced
-    matcher = GrammarCompiler(tok, {tok.eos_token_id}, len(tok)).compile(tool_call_grammar(setup, tok.get_added_vocab())).matcher()
+    matcher = GrammarCompiler(tok, {tok.eos_token_id}, len(tok)).compile(
+        tool_call_grammar(setup, tok.get_added_vocab())).matcher()
     assert matcher.consume_tokens(tok.encode(part, add_special_tokens=False)) and matcher.is_accepting(), part
     parser = make_parser(fmt, setup.schemas)
     events = [e for e in parser.feed(part) + parser.finish() if not isinstance(e, tuple) or e[1].strip()]

@@ -13,11 +13,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from mlc.config.cluster_config import ClusterConfig
 from mlc.cluster.affinity import AffinityTable, choose, chunk_hashes, prompt_text, rendezvous
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
 from mlc.cluster.metrics_merge import merge
 from mlc.cluster.resources import needed, raylets, replica_actor_options, shortfall, worker_resources
+from mlc.config.cluster_config import ClusterConfig
 from mlc.errors import ClusterError, ConfigError
 
 SPLIT = {"model": "m", "hardware": "nvidia-h200", "nodes": ["a", "b"], "tensor_parallel_size": 4,
@@ -26,7 +26,7 @@ SPLIT = {"model": "m", "hardware": "nvidia-h200", "nodes": ["a", "b"], "tensor_p
                    "training": [{"host": "b", "devices": [4, 5, 6, 7]}]}}
 
 
-# -- schema ----------------------------------------------------------------------------------------------------------
+# schema
 def test_pools_split_nodes_and_devices():
     cfg = ClusterConfig(**SPLIT)
     assert cfg.pool_devices("inference") == {"a": list(range(8)), "b": [0, 1, 2, 3]}
@@ -52,7 +52,7 @@ def test_bad_pools_are_refused_with_what_to_do(change, message):
         ClusterConfig(**{**SPLIT, **change})
 
 
-# -- resources -------------------------------------------------------------------------------------------------------
+# resources
 def test_each_pool_is_a_ray_resource_and_a_split_node_runs_a_raylet_per_pool():
     cfg = ClusterConfig(**SPLIT)
     lines = [r.command("cuda", "a:6379") for r in raylets(cfg, "cuda")]
@@ -77,7 +77,7 @@ def test_a_cpu_node_carries_both_pools_on_one_raylet():
                                "mlc.cluster.proxy_headers:middlewares"}
 
 
-# -- prefix affinity -------------------------------------------------------------------------------------------------
+# prefix affinity
 def test_prompt_text_per_route():
     chat = {"model": "a1", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
         {"type": "text", "text": "Hi"}]}]}
@@ -133,7 +133,7 @@ def test_metrics_of_all_replicas_in_one_page():
     assert lines.index('mlc:x_total{replica="r2",model_name="m"} 5.0') < lines.index("# HELP mlc:y Gauge.")
 
 
-# -- the bridge a replica serves through -------------------------------------------------------------------------------
+# the bridge a replica serves through
 def bridge_app(seen: list) -> FastAPI:
     app = FastAPI()
 
@@ -174,7 +174,7 @@ def test_the_bridge_runs_the_app_and_streams_until_the_caller_leaves():
     asyncio.run(main())
 
 
-# -- launcher and errors before anything starts --------------------------------------------------------------------------
+# launcher and errors before anything starts
 def test_launcher_presets_and_commands():
     from mlc.cli.launcher import Mode, command_for, device_for
     from mlc.cluster.presets import Hardware, find_preset, recommend

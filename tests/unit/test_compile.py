@@ -10,7 +10,7 @@ import torch
 from mlc.errors import ConfigError
 from mlc.models.compile import COMPILED_MANIFEST, compile_model, verify_compiled
 from mlc.models.loader import load_model
-from tiny_llama import build_tiny_llama
+from tests.support.tiny_llama import build_tiny_llama
 
 IDS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [40, 41, 42, 43]]
 

@@ -12,7 +12,7 @@ from mlc.config.lint import lint
 from mlc.config.loader import detect_kind, load_any, load_config, parse_set_options
 from mlc.config.serve_config import ServeConfig
 from mlc.errors import ConfigError
-from tutorial_text import GLM5_INFER_YAML
+from tests.support.tutorial_text import GLM5_INFER_YAML
 
 # The reference tutorial's config/glm5_infer.yaml keys, as it writes them (section 2.3 and 3.2), and a few more.
 TUTORIAL_YAML = GLM5_INFER_YAML + "max_batch_size: 8\nmax_seq_len: 16384\nport: 8080\n"
@@ -130,7 +130,7 @@ def test_context_profiles_must_fit_max_seq_len():
     assert ServeConfig(context_profiles={"short": 4096}).context_profiles == {"short": 4096}
 
 
-# -- cluster -------------------------------------------------------------------------------------------------------
+# cluster
 CLUSTER = {"model": "glm-4-9b", "nodes": ["a", "b"], "devices_per_node": 8, "tensor_parallel_size": 8,
            "data_parallel_size": 2, "image": "moloai/glm5-ascend:20240628"}
 
@@ -171,7 +171,7 @@ def test_cluster_file_errors(tmp_path):
     assert "image:" in msg and "latest" in msg
 
 
-# -- templates and the config command --------------------------------------------------------------------------------
+# templates and the config command
 @pytest.mark.parametrize("kind", ["serve", "cluster", "lora"])
 def test_templates_are_valid_and_lint_clean(kind):
     from mlc.cli.config_cmd import template_path
@@ -205,14 +205,15 @@ def test_config_init_and_check_cli(tmp_path, capsys):
     assert code == 2 and "--force" in text
     code, text = run_cli(["config", "check", str(out), "--hardware", "cpu"], capsys)
     assert code == 0 and "valid serve config" in text
-    code, text = run_cli(["config", "check", str(out), "--hardware", "ascend-310p", "--set", "engine.kv_cache_dtype=bf16"], capsys)
+    code, text = run_cli(["config", "check", str(out), "--hardware", "ascend-310p",
+                          "--set", "engine.kv_cache_dtype=bf16"], capsys)
     assert code == 1 and "kv-dtype-unsupported" in text
     bad = write(tmp_path, "engine: {kv_cache_dtype: fp8}\n", "bad.yaml")
     code, text = run_cli(["config", "check", str(bad)], capsys)
     assert code == 2 and "engine.kv_cache_dtype" in text and "allowed:" in text
 
 
-# -- hardware profiles ------------------------------------------------------------------------------------------------
+# hardware profiles
 @pytest.mark.parametrize("name", ["nvidia-h200", "nvidia-a100-80g", "ascend-910b", "ascend-310p"])
 def test_builtin_profiles_load(name):
     p = load_profile(name)

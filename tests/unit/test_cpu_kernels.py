@@ -2,7 +2,8 @@
 
 * the int4 GEMM equals its definition (activations as two int8 digits per 32 inputs, exact integer dots, a float
   fold) and the dequantized float matmul to the output's rounding; every row is bit-identical alone and in any
-  batch, and every code path (AVX-512 VNNI, AVX2, plain C++) gives the same bits;
+  batch (that every code path, AVX-512 VNNI, AVX2 and plain C++, gives the same bits is
+  tests/integration/test_cpu_kernel_builds.py);
 * its packed layout round-trips and `Int4Linear` reads its weights back exactly; the same for the int8 GEMM;
 * the fused RoPE and SiLU x up round as the eager ops do (bit for bit in bf16), and training keeps the eager ops.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_marks import CPU_KERNELS
 import torch.nn.functional as F
 
 from mlc.layers import quant_kernels as qk
@@ -19,14 +19,10 @@ from mlc.layers.activation import silu_and_mul
 from mlc.layers.cpu_kernels import cpu_op
 from mlc.layers.quant_linear import Int4Linear
 from mlc.layers.rotary import apply_rope_neox, rope_neox_fused
+from tests.support.kernel_inputs import int4_weights, int8_weights, rope_tables
+from tests.support.kernel_marks import CPU_KERNELS
 
 pytestmark = CPU_KERNELS
-
-
-def int4_weights(n, k, group, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, scale_zeros = qk.quantize_int4(torch.randn(n, k, generator=g) * 0.05, group)
-    return q, scale_zeros, qk.pack_int4_tiles(q, scale_zeros, group)
 
 
 def two_digits(x):
@@ -104,11 +100,6 @@ def test_packed_layout_round_trips_and_the_layer_reads_its_weights_back(group):
     assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then a bf16 pair per group and row
 
 
-def int8_weights(n, k, seed=0):
-    q, scale = qk.quantize_int8(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
-    return q, scale, qk.pack_int8_tiles(q, scale)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_gemm_equals_its_definition_and_each_row_is_alone(dtype):
     q, scale, packed = int8_weights(64, 192)
@@ -133,14 +124,6 @@ def test_int8_layer_picks_the_kernel_and_reads_its_weights_back():
     q, scale = qk.quantize_int8(w)
     assert torch.equal(layer.dequantized(), qk.dequantize_int8(q, scale, torch.float32))
     assert Int8Linear(torch.randn(24, 128) * 0.05, scheme="w8a8").kernel != "mlc-int8"  # 24 rows: not 16-aligned
-
-
-def rope_tables(t, d, dtype, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    pos = torch.randint(0, 8192, (t,), generator=g).float()
-    freqs = pos[:, None] * (10000 ** (-torch.arange(0, d, 2).float() / d))[None]
-    emb = torch.cat((freqs, freqs), -1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -190,52 +173,3 @@ def test_fp32_and_training_keep_the_eager_silu():
     y = torch.randn(4, 64, dtype=torch.bfloat16, requires_grad=True)
     assert silu_and_mul(y).grad_fn is not None
 
-
-CROSS_ARCH = """
-import sys, torch
-sys.path.insert(0, {tests!r})
-from unit.test_cpu_kernels import cross_arch_outputs
-torch.save(cross_arch_outputs(), {out!r})
-"""
-
-
-def cross_arch_outputs() -> dict[str, torch.Tensor]:
-    """The int4 and int8 GEMMs and the fused ops on fixed inputs (what every build must agree on)."""
-    g = torch.Generator().manual_seed(8)
-    out = {}
-    for group in (32, 64):
-        _, _, packed = int4_weights(48, 256, group)
-        x = torch.randn(9, 256, generator=g)
-        for dtype in (torch.float32, torch.bfloat16):
-            out[f"int4-g{group}-{dtype}"] = cpu_op("int4_linear")(x.to(dtype), packed, group)
-    _, _, packed8 = int8_weights(32, 128)
-    x = torch.randn(9, 128, generator=g)
-    for dtype in (torch.float32, torch.bfloat16):
-        out[f"int8-{dtype}"] = cpu_op("int8_linear")(x.to(dtype), packed8)
-    qkv = (torch.randn(5, 15 * 64, generator=g) * 3).to(torch.bfloat16)
-    cos, sin = rope_tables(5, 64, torch.bfloat16)
-    out["rope"] = cpu_op("rope_neox")(qkv, cos, sin, 12, 64)
-    out["silu"] = cpu_op("silu_mul")((torch.randn(5, 512, generator=g) * 4).to(torch.bfloat16))
-    return out
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(__import__("platform").machine() not in ("x86_64", "AMD64"), reason="x86 code paths")
-@pytest.mark.parametrize("arch", ["haswell", "x86-64"], ids=["avx2", "plain-cpp"])
-def test_every_code_path_gives_the_native_results(arch, tmp_path):
-    """The AVX-512 VNNI, AVX2 and plain C++ paths sum the same integers and fold them in the same order: a model
-    gives the same tokens whichever CPU it runs on. Each arch is a separate build (about a minute)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    out = tmp_path / "outputs.pt"
-    code = CROSS_ARCH.format(tests=str(Path(__file__).resolve().parents[1]), out=str(out))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "MLC_KERNEL_MARCH": arch})
-    assert run.returncode == 0, run.stderr[-2000:]
-    theirs, ours = torch.load(out), cross_arch_outputs()
-    assert theirs.keys() == ours.keys()
-    for name in ours:
-        assert torch.equal(theirs[name], ours[name]), name

@@ -5,20 +5,17 @@ to the same tokens as the same rows spelled our way, through `mlc-cli preprocess
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from mlc.config.dataset_info import schema_for_file  # noqa: E402
-from mlc.errors import ConfigError, DataError  # noqa: E402
-from mlc.models.tokenizer import load_tokenizer  # noqa: E402
-from mlc.train.data import load_rows  # noqa: E402
-from mlc.train.formats import RecordError, to_messages  # noqa: E402
-from mlc.train.preprocess import PreprocessOptions, tokenize_file  # noqa: E402
+from mlc.config.dataset_info import schema_for_file
+from mlc.errors import ConfigError, DataError
+from mlc.models.tokenizer import load_tokenizer
+from mlc.train.data import load_rows
+from mlc.train.formats import RecordError, to_messages
+from mlc.train.preprocess import PreprocessOptions, tokenize_file
+from tests.support.tiny_llama import build_tiny_llama
 
 # the same conversations spelled our way (ShareGPT defaults) and the OpenAI way, which dataset_info renames
 SHAREGPT = [

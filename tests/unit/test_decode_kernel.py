@@ -1,20 +1,17 @@
-"""The C++ decode-attention kernel (`layers/cpu_kernels.py`, `csrc/decode_attention.cpp`): the SDPA path's result read in place through the
-page table (fp32 to 1e-6, bf16 to its rounding), each sequence bit-identical alone and in any batch, and the
-SDPA path wherever it does not apply (a quantized KV cache, the kernel turned off)."""
+"""The C++ decode-attention kernel (`layers/cpu_kernels.py`, `csrc/decode_attention.cpp`): the SDPA path's result
+read in place through the page table (fp32 to 1e-6, bf16 to its rounding), each sequence bit-identical alone and in
+any batch, and the SDPA path wherever it does not apply (a quantized KV cache, the kernel turned off). A stale build
+lock in a fresh build: tests/integration/test_cpu_kernel_builds.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from kernel_marks import CPU_KERNELS
 
 from mlc.layers import attention, cpu_kernels
 from mlc.layers.attention import GroupKind, build_attention_metadata
 from mlc.layers.kv_store import PagedTensor
+from tests.support.kernel_marks import CPU_KERNELS
 
 H, KV, D, PAGE = 9, 3, 64, 16
 CONTEXTS = [37, 120, 5, 300, 64, 77, 250, 16, 2]
@@ -111,14 +108,3 @@ def test_rms_norm_in_one_pass_equals_the_eager_ops_row_by_row(dtype):
     x.requires_grad_(True)
     assert norm(x).grad_fn is not None  # training takes the differentiable eager ops
 
-
-def test_a_stale_build_lock_is_removed(tmp_path):
-    """A first build killed midway leaves torch's lock file behind, and torch would wait on it forever."""
-    code = ("import os, time, torch, mlc.layers.cpu_kernels as k; from pathlib import Path\n"
-            "build = Path(os.environ['MLC_HOME']) / 'kernels' / f'cpu_kernels-torch{torch.__version__}-{k._cpu_key()}'\n"
-            "build.mkdir(parents=True); (build / 'lock').touch(); old = time.time() - 3600\n"
-            "os.utime(build / 'lock', (old, old)); print(k.kernel_status())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "MLC_HOME": str(tmp_path)})
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith("C++ kernels (paged decode attention") and "removing the stale build lock" in out.stderr

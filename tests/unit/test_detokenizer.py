@@ -1,12 +1,13 @@
-"""Incremental detokenization on a tiny byte-level BPE (tests/tiny_llama.py) whose Chinese tokens split characters
-across tokens: streamed deltas, UTF-8 safety, stop strings with hold-back, flush, and the first word's space."""
+"""Incremental detokenization on a tiny byte-level BPE (tests/support/tiny_llama.py) whose Chinese tokens split
+characters across tokens: streamed deltas, UTF-8 safety, stop strings with hold-back, flush, and the first word's
+space."""
 
 from __future__ import annotations
 
 import pytest
 
 from mlc.engine.detokenizer import IncrementalDetokenizer
-from tiny_llama import build_tokenizer
+from tests.support.tiny_llama import build_tokenizer
 
 ENGLISH = "Hello, thank you for contacting us. Your order has shipped and will arrive soon."
 CHINESE = "您好，感谢您的耐心等待。订单已发货，请注意查收。"
@@ -71,7 +72,7 @@ def test_the_tokenizer_really_splits_characters_across_tokens(tok):
     assert any(decode(tok, [t]).endswith("\ufffd") for t in tok.encode(CHINESE))
 
 
-# -- streaming -----------------------------------------------------------------------------------------------------
+# streaming
 @pytest.mark.parametrize("text", TEXTS)
 def test_streamed_deltas_concatenate_to_the_full_decode(tok, prompt, text):
     out = tok.encode(text)
@@ -108,7 +109,7 @@ def test_special_tokens_produce_no_text(tok, prompt):
     assert "".join(deltas) == "Hello you"
 
 
-# -- the first word ------------------------------------------------------------------------------------------------
+# the first word
 def test_the_first_word_keeps_its_leading_space(tok):
     prompt = tok.encode("Hello,")
     out = tok.encode(" thank you")
@@ -131,7 +132,7 @@ def test_the_prompt_is_context_only_never_part_of_the_text(tok, prompt_text):
     assert "".join(deltas) == d.text == " for contacting us 您好"
 
 
-# -- stop strings --------------------------------------------------------------------------------------------------
+# stop strings
 def test_text_is_cut_at_a_stop_string(tok, prompt):
     d, deltas = stream(tok, prompt, tok.encode(ENGLISH), stop=["contacting"])
     assert d.stopped
@@ -231,7 +232,7 @@ def test_without_stop_strings_nothing_is_held_back(tok, prompt):
     assert emitted == "Hello, thank you"
 
 
-# -- flush ---------------------------------------------------------------------------------------------------------
+# flush
 def test_flush_releases_an_incomplete_tail_at_the_end(tok, prompt):
     out = tok.encode("订单已发货")[:3]  # ends inside 已's bytes
     assert decode(tok, out).endswith("\ufffd")

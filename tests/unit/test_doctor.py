@@ -11,8 +11,18 @@ import pytest
 
 from mlc.doctor import host as doctor_host
 from mlc.doctor.run import (
-    DoctorOptions, blocking, check_ascend, check_config, check_hf_offline, check_memory, check_port,
-    check_prompt_file, check_store, check_train_log, invisible_characters, run_doctor,
+    DoctorOptions,
+    blocking,
+    check_ascend,
+    check_config,
+    check_hf_offline,
+    check_memory,
+    check_port,
+    check_prompt_file,
+    check_store,
+    check_train_log,
+    invisible_characters,
+    run_doctor,
 )
 
 

@@ -4,14 +4,11 @@ plan's sizing flags under the engine commands' names; the old spellings stay as 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
+from tests.support.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
 from gguf.quants import dequantize as lib_dequantize
 from gguf.quants import quantize as lib_quantize
 
@@ -28,116 +24,16 @@ from mlc.models.gguf.convert import (
     unpermute_rope_rows,
 )
 from mlc.models.gguf.tokenizer import build_tokenizer
+from tests.support.gguf_files import TINY, byte_vocab, llama_cpp_permute, write_gguf, write_tiny_llama_gguf
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-# -- helpers: write GGUFs the way llama.cpp's converter does -------------------------------------------------------
-def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """convert_hf_to_gguf.py's LlamaModel.permute, written out independently of ours."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, Q | None]], arch: str = "llama", meta=None) -> Path:
-    """Tensors as (array, raw type): None writes the array as F32/F16; a type means the array holds its bytes."""
-    w = GGUFWriter(str(path), arch)
-    for key, value in (meta or {}).items():
-        getattr(w, key)(*value) if isinstance(value, tuple) else getattr(w, key)(value)
-    for name, (data, raw) in tensors.items():
-        w.add_tensor(name, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-def byte_vocab() -> tuple[list[str], list[str], list[int]]:
-    """A small byte-level BPE vocabulary: 3 control tokens, the 256 byte symbols, a few merges."""
-    from mlc.models.gguf.tokenizer import byte_alphabet
-
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    merges = ["Ġ t", "h e", "Ġt he", "Ġ a", "i n", "Ġa n", "Ġan d"]
-    tokens = specials + list(byte_alphabet().values()) + [m.replace(" ", "") for m in merges]
-    return tokens, merges, [3] * len(specials) + [1] * (len(tokens) - len(specials))
-
-
-TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96)
-
-
-def tiny_hf_llama(vocab_size: int, tie: bool = True):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=TINY["hidden"], intermediate_size=TINY["ffn"],
-        num_hidden_layers=TINY["layers"], num_attention_heads=TINY["heads"], num_key_value_heads=TINY["kv_heads"],
-        head_dim=TINY["head_dim"], max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tie,
-        rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, bos_token_id=1, eos_token_id=2,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
-
-
-HF_TO_GGUF = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def write_tiny_llama_gguf(path: Path, quant: dict[str, Q] | None = None, tie: bool = True, extra_meta=None,
-                          extra_tensors=None):
-    """An HF tiny llama written as llama.cpp would (names, q/k permutation); `quant` picks per-GGUF-name types."""
-    tokens, merges, types = byte_vocab()
-    model = tiny_hf_llama(len(tokens), tie)
-    tensors = {}
-    for name, p in model.state_dict().items():
-        if tie and name == "lm_head.weight":
-            continue
-        w = p.detach().numpy().astype(np.float32)
-        if name.startswith("model.layers."):
-            layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            module, suffix = rest.rsplit(".", 1)
-            gname = f"blk.{layer}.{HF_TO_GGUF[module]}.{suffix}"
-        else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]
-        if ".attn_q." in gname:
-            w = llama_cpp_permute(w, TINY["heads"])
-        elif ".attn_k." in gname:
-            w = llama_cpp_permute(w, TINY["kv_heads"])
-        qtype = (quant or {}).get(gname)
-        if qtype == Q.Q8_1:  # gguf has no Q8_1 quantizer; zero blocks of its size are enough to be refused
-            tensors[gname] = (np.zeros((w.shape[0], w.shape[1] // 32 * 40), np.uint8), qtype)
-        else:
-            tensors[gname] = (lib_quantize(w, qtype), qtype) if qtype is not None else (w, None)
-    meta = {
-        "add_context_length": 512, "add_embedding_length": TINY["hidden"], "add_block_count": TINY["layers"],
-        "add_feed_forward_length": TINY["ffn"], "add_head_count": TINY["heads"], "add_head_count_kv": TINY["kv_heads"],
-        "add_rope_dimension_count": TINY["head_dim"], "add_rope_freq_base": 50000.0, "add_layer_norm_rms_eps": 1e-6,
-        "add_vocab_size": len(tokens), "add_tokenizer_model": "gpt2", "add_tokenizer_pre": "smollm",
-        "add_token_list": (tokens,), "add_token_types": (types,), "add_token_merges": (merges,),
-        "add_bos_token_id": 1, "add_eos_token_id": 2, "add_pad_token_id": 0, "add_add_bos_token": False,
-        "add_chat_template": CHATML,
-        **(extra_meta or {}),
-    }
-    write_gguf(path, {**tensors, **(extra_tensors or {})}, meta=meta)
-    return model
 
 
 def read_single(path: Path):
     return open_gguf(path).reader.tensors[0]
 
 
-# -- dequantization -----------------------------------------------------------------------------------------------
+# dequantization
 def test_q8_0_block_is_scale_times_int8(tmp_path):
     q = np.arange(-16, 16, dtype=np.int8)
     block = np.float16(0.25).tobytes() + q.tobytes()
@@ -195,7 +91,7 @@ def test_unsupported_quant_names_tensor_and_type(tmp_path):
         dequantize_tensor(read_single(path))
 
 
-# -- permutation and names ----------------------------------------------------------------------------------------
+# permutation and names
 def test_unpermute_matches_known_layout():
     rows = np.arange(4, dtype=np.float32)  # one head of 4: HF pairs (0, 2) and (1, 3); llama.cpp interleaves them
     np.testing.assert_array_equal(llama_cpp_permute(rows, 1), [0, 2, 1, 3])
@@ -220,7 +116,7 @@ def test_tensor_names():
     assert hf_tensor_name("blk.0.ffn_gate_exps.weight") is None
 
 
-# -- a synthetic llama GGUF, converted, against the HF model it came from ------------------------------------------
+# a synthetic llama GGUF, converted, against the HF model it came from
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
@@ -338,20 +234,7 @@ def test_truncated_gguf(tmp_path):
         open_gguf(path)
 
 
-def test_cli_pull_of_unsupported_quant_gguf_is_one_clear_line(tmp_path):
-    path = tmp_path / "tiny-q81.gguf"
-    write_tiny_llama_gguf(path, quant={"blk.0.ffn_up.weight": Q.Q8_1})
-    env = {**os.environ, "MLC_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "mlc.cli.main", "models", "pull", str(path), "--quiet"],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 4, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "blk.0.ffn_up.weight" in lines[0] and "Q8_1" in lines[0]
-    assert not any((tmp_path / "home" / "models").glob("*")), "a failed pull leaves nothing in the store"
-
-
-# -- tokenizer parity on the real SmolLM2 GGUF --------------------------------------------------------------------
+# tokenizer parity on the real SmolLM2 GGUF
 @pytest.fixture(scope="module")
 def smollm_tokenizers():
     from tokenizers import Tokenizer, pre_tokenizers
@@ -405,7 +288,7 @@ def test_digits_split_like_llama_cpp_smollm(smollm_tokenizers):
     assert ours.convert_ids_to_tokens(ours("year 2007")["input_ids"]) == ["year", "Ġ", "2", "0", "0", "7"]
 
 
-# -- SentencePiece vocabularies -----------------------------------------------------------------------------------
+# SentencePiece vocabularies
 def test_sentencepiece_vocab_matches_transformers(tmp_path):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -437,7 +320,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
         build_tokenizer(open_gguf(path))
 
 
-# -- the real default model against transformers' GGUF loader (about 15-35 s) -----------------------------------
+# the real default model against transformers' GGUF loader (about 15-35 s)
 @pytest.mark.slow
 def test_default_model_weights_match_transformers_gguf_loader(default_model_dir):
     from safetensors.torch import load_file

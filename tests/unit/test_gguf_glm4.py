@@ -5,7 +5,6 @@ with the `gguf` package, and its logits through mlc match transformers'."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +14,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as lib_dequantize
 from gguf.quants import quantize as lib_quantize
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gguf import byte_vocab, write_gguf  # noqa: E402
-
-from mlc.errors import ModelFormatError  # noqa: E402
-from mlc.models.gguf.convert import convert_gguf  # noqa: E402
+from mlc.errors import ModelFormatError
+from mlc.models.gguf.convert import convert_gguf
+from tests.support.gguf_files import byte_vocab, gguf_name, write_gguf
 
 TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, ffn=96)
 # HF Glm4 module -> llama.cpp tensor (gguf/tensor_mapping.py, "glm-4-0414")
@@ -55,13 +52,7 @@ def write_tiny_glm4_gguf(path: Path, quant: dict[str, Q] | None = None, extra_me
     tensors = {}
     for name, p in model.state_dict().items():
         w = p.detach().numpy().astype(np.float32)
-        if name.startswith("model.layers."):
-            layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            module, suffix = rest.rsplit(".", 1)
-            gname = f"blk.{layer}.{HF_TO_GGUF[module]}.{suffix}"
-        else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]
+        gname = gguf_name(name, HF_TO_GGUF)
         qtype = (quant or {}).get(gname)
         tensors[gname] = (lib_quantize(w, qtype), qtype) if qtype is not None else (w, None)
     meta = {

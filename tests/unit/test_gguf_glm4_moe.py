@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +18,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as lib_dequantize
 from gguf.quants import quantize as lib_quantize
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gguf import byte_vocab, write_gguf  # noqa: E402
-
-from mlc.errors import ModelFormatError  # noqa: E402
-from mlc.models.gguf.convert import convert_gguf  # noqa: E402
+from mlc.errors import ModelFormatError
+from mlc.models.gguf.convert import convert_gguf
+from tests.support.gguf_files import byte_vocab, write_gguf
 
 TINY = dict(hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, ffn=96, moe_ffn=32, experts=4, top_k=2)
 IDS = [5, 70, 80, 200, 9, 1, 33, 120]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -17,9 +15,7 @@ from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import Sequence
 from mlc.errors import InvalidRequestError
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_glm import build_glm_tokenizer  # noqa: E402
+from tests.support.tiny_glm import build_glm_tokenizer
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99},

@@ -125,7 +125,7 @@ def test_engine_formats_are_the_documented_ones():
     assert isinstance(new_paged_tensor(1, (4,), torch.float16, "cpu"), PagedTensor)
 
 
-# -- GLM-5 (MLA latent + DSA indexer keys) under every KV dtype --------------------------------------------------------
+# GLM-5 (MLA latent + DSA indexer keys) under every KV dtype
 @pytest.fixture(scope="module")
 def glm5(tmp_path_factory):
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM

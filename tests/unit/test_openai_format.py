@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from mlc.engine.sequence import TokenLogprob
-from mlc.server.protocol.openai_format import CompletionStream, completion_logprobs
+from mlc.server.routes.openai_format import CompletionStream, completion_logprobs
 
 PIECES = {0: "Say: ", 1: "Hi", 2: " there", 3: "\n", 4: "!"}
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from mlc.config.hardware import detect_cpu, load_profile
-from mlc.plan.model_facts import inspect_model
-from mlc.plan.planner import PlanRequest, evaluate, kv_bytes_per_token, plan, weight_bytes
-from mlc.plan.shapes import PUBLISHED, SHAPES
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.memory import plan_cache
 from mlc.errors import ConfigError, ModelFormatError, ModelNotFoundError
+from mlc.plan.model_facts import inspect_model
+from mlc.plan.planner import PlanRequest, evaluate, kv_bytes_per_token, plan, weight_bytes
+from mlc.plan.shapes import PUBLISHED, SHAPES
 
 DEFAULT = "smollm2-135m-instruct"
 
@@ -59,8 +59,8 @@ def test_weight_bytes_per_dtype(facts):
 
 def test_default_model_figures_equal_the_engines_allocation(facts):
     """Plan's KV bytes/token and pages for the default model against a real KVCache of that many pages."""
-    from mlc.plan.shapes import hf_config_for
     from mlc.models.loader import build_model
+    from mlc.plan.shapes import hf_config_for
 
     cfg = hf_config_for(SHAPES[DEFAULT])
     model = build_model(cfg, torch.device("cpu"), torch.float32)  # real (uninitialised) CPU tensors this time
@@ -68,7 +68,8 @@ def test_default_model_figures_equal_the_engines_allocation(facts):
     assert spec == facts[DEFAULT].kv_spec
     request = PlanRequest(seq_len=1024, batch=2, kv_dtype="fp32", page_size=16)
     lay = plan(facts[DEFAULT], detect_cpu(), request).requested
-    engine_plan = plan_cache(KVCache.bytes_per_token_for(spec, torch.float32), 16, None, 0.9, torch.device("cpu"), 2, 1024)
+    engine_plan = plan_cache(KVCache.bytes_per_token_for(spec, torch.float32), 16, None, 0.9, torch.device("cpu"),
+                             2, 1024)
     assert lay.pages == engine_plan.num_pages == 2 * 64 + 1
     assert lay.kv_bytes_per_token == engine_plan.bytes_per_token == 30 * 2 * 3 * 64 * 4
     cache = KVCache(spec, lay.pages, 16, torch.float32, "cpu")
@@ -78,10 +79,9 @@ def test_default_model_figures_equal_the_engines_allocation(facts):
 
 def test_plan_matches_a_running_engine(tmp_path):
     """End to end: an LLMEngine on a tiny checkpoint allocates exactly the pages and bytes plan predicts."""
-    from tests.tiny_llama import build_tiny_llama
-
     from mlc.config.engine_config import EngineConfig
     from mlc.engine.llm_engine import LLMEngine
+    from tests.support.tiny_llama import build_tiny_llama
 
     path = build_tiny_llama(tmp_path / "tiny")
     engine = LLMEngine(EngineConfig(model=str(path), max_batch_size=3, max_seq_len=200, kv_cache_fraction=0.9))

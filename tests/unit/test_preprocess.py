@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from mlc.errors import DataError  # noqa: E402
-from mlc.models.tokenizer import load_tokenizer  # noqa: E402
-from mlc.train.data import collate, model_inputs  # noqa: E402
-from mlc.train.formats import RecordError, to_messages  # noqa: E402
-from mlc.train.preprocess import (  # noqa: E402
-    IGNORE_INDEX, PreprocessOptions, load_dataset_rows, pad_token_id, preprocess_file, tokenize_file,
+from mlc.errors import DataError
+from mlc.models.tokenizer import load_tokenizer
+from mlc.train.data import collate, model_inputs
+from mlc.train.formats import RecordError, to_messages
+from mlc.train.preprocess import (
+    IGNORE_INDEX,
+    PreprocessOptions,
+    load_dataset_rows,
+    pad_token_id,
+    preprocess_file,
+    tokenize_file,
     tokenize_messages,
 )
+from tests.support.tiny_llama import build_tiny_llama
 
 ANSWER = "Hello, thank you for contacting us. Your order has shipped."
 
@@ -40,7 +42,7 @@ def write_jsonl(path: Path, lines: list) -> Path:
 
 
 def trained_text(tok, ids, labels) -> str:
-    return tok.decode([i for i, l in zip(ids, labels) if l != IGNORE_INDEX])
+    return tok.decode([i for i, label in zip(ids, labels) if label != IGNORE_INDEX])
 
 
 def test_formats_become_messages():
@@ -166,7 +168,10 @@ def test_packing_restarts_positions_and_keeps_every_token(tok, tmp_path):
     plain, _ = tokenize_file(path, tok, PreprocessOptions(max_seq_len=64))
     packed, stats = tokenize_file(path, tok, PreprocessOptions(max_seq_len=64, packing=True))
     assert stats.sequences == len(packed) < len(plain) == stats.rows == 6
-    real = lambda rows, key: [x for r in rows for x, m in zip(r[key], r["attention_mask"]) if m]  # noqa: E731
+
+    def real(rows, key):
+        return [x for r in rows for x, m in zip(r[key], r["attention_mask"]) if m]
+
     assert real(packed, "input_ids") == real(plain, "input_ids")
     assert real(packed, "labels") == real(plain, "labels")
     for r in packed:
@@ -179,7 +184,8 @@ def test_packed_rows_score_like_separate_rows(tok, tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
-    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Q", "output": "A"}, {"instruction": "Hi", "output": "Hello"}])
+    path = write_jsonl(tmp_path / "d.jsonl",
+                       [{"instruction": "Q", "output": "A"}, {"instruction": "Hi", "output": "Hello"}])
     plain, _ = tokenize_file(path, tok, PreprocessOptions(max_seq_len=64))
     packed, _ = tokenize_file(path, tok, PreprocessOptions(max_seq_len=64, packing=True))
     assert len(packed) == 1

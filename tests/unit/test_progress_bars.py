@@ -1,19 +1,16 @@
-"""Progress callbacks behind the CLI's bars (preprocess, eval, export --merge, compile, bench quant), and the bar itself: on
-stderr, off when stderr is not a terminal or with quiet, so piped output and --json stay clean."""
+"""Progress callbacks behind the CLI's bars (preprocess, eval, export --merge, compile; bench quant's, which runs a
+child process, in tests/integration/test_bench_quant_progress.py), and the bar itself: on stderr, off when stderr is
+not a terminal or with quiet, so piped output and --json stay clean."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from mlc.cli.progress import progress_bar  # noqa: E402
+from mlc.cli.progress import progress_bar
+from tests.support.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +87,3 @@ def test_preprocess_reports_bytes_read(base, tmp_path):
     assert seen and seen[-1] == (40, data.stat().st_size, data.stat().st_size) and stats.rows == 40
     assert [done for _, done, _ in seen] == sorted(done for _, done, _ in seen)
 
-
-def test_bench_quant_reports_each_variant_as_it_lands(base):
-    from mlc.bench.quant import parse_variant, run_quant_bench
-
-    seen = []
-    report = run_quant_bench(str(base), [parse_variant("int8")], decode_tokens=4, repeats=1, plan=None,
-                             with_peer=False, on_variant=seen.append)
-    assert [v.label for v in seen] == [v.label for v in report.variants] and len(seen) == 1
-    assert seen[0].decode_b1_tok_s > 0

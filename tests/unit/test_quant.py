@@ -5,16 +5,11 @@ engine flag, and `bench quant`'s parsing and registration."""
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama
 
 from mlc.errors import ConfigError, ModelFormatError
 from mlc.layers import quant_kernels as qk
@@ -24,9 +19,11 @@ from mlc.layers.quant import quantize_model, weight_bytes
 from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear, QuantizedLinear
 from mlc.layers.quant_moe import QuantizedExperts
 from mlc.models.loader import load_model
+from tests.support.tiny_llama import build_tiny_llama
 
 # relative error bounds vs the fp32 layer on N(0, 1) inputs, N(0, 0.05) weights (quant_linear's docstring)
-BOUNDS = {"int8-w8a16": 0.01, "int8-w8a8": 0.025, "int8-w8a8i": 0.025, "int4-g32": 0.12, "int4-g64": 0.12, "fp16": 1e-3, "bf16": 0.01}
+BOUNDS = {"int8-w8a16": 0.01, "int8-w8a8": 0.025, "int8-w8a8i": 0.025, "int4-g32": 0.12, "int4-g64": 0.12,
+          "fp16": 1e-3, "bf16": 0.01}
 LAYERS = {
     "int8-w8a16": lambda w, b, k: Int8Linear(w, b, scheme="w8a16", use_kernels=k),
     "int8-w8a8": lambda w, b, k: Int8Linear(w, b, scheme="w8a8", use_kernels=k),
@@ -38,8 +35,8 @@ LAYERS = {
 }
 
 KERNEL_PROBES = {
-    "int8-w8a16": qk.has_int8pack, "int8-w8a8": qk.has_fbgemm_int8, "int8-w8a8i": qk.has_int_mm, "int4-g32": qk.has_int4pack,
-    "int4-g64": qk.has_int4pack, "fp16": qk.has_fbgemm_fp16, "bf16": lambda: True,
+    "int8-w8a16": qk.has_int8pack, "int8-w8a8": qk.has_fbgemm_int8, "int8-w8a8i": qk.has_int_mm,
+    "int4-g32": qk.has_int4pack, "int4-g64": qk.has_int4pack, "fp16": qk.has_fbgemm_fp16, "bf16": lambda: True,
 }
 
 

@@ -43,7 +43,7 @@ def freqs(counts: Counter) -> torch.Tensor:
 ROW = torch.tensor([0.5, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.2, -2.0, 0.8])  # argmax 1; order 1 5 3 9 0 7 4 6 2 8
 
 
-# -- greedy and temperature ----------------------------------------------------------------------------------------
+# greedy and temperature
 def test_greedy_is_the_argmax_of_each_row():
     logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(1))
     seqs = [make_seq(temperature=0.0) for _ in range(6)]
@@ -82,7 +82,7 @@ def test_sampling_leaves_the_callers_logits_alone():
     assert torch.equal(logits, before)
 
 
-# -- top-k, top-p, min-p -------------------------------------------------------------------------------------------
+# top-k, top-p, min-p
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_top_k_draws_only_the_k_best(k):
     counts = draw(ROW, make_seq(top_k=k, temperature=1.5))
@@ -124,7 +124,7 @@ def test_top_k_then_top_p_then_min_p_compose():
     assert set(draw(row, make_seq(top_p=0.9, min_p=0.3))) == {0, 1, 2}
 
 
-# -- penalties -----------------------------------------------------------------------------------------------------
+# penalties
 def penalty_row(**tokens: float) -> torch.Tensor:
     row = torch.full((VOCAB,), -5.0)
     for name, value in tokens.items():
@@ -191,7 +191,7 @@ def test_penalties_shape_the_sampled_distribution():
     assert torch.allclose(freqs(counts), torch.softmax(expected, dim=-1), atol=0.035)
 
 
-# -- min_new_tokens ------------------------------------------------------------------------------------------------
+# min_new_tokens
 def test_min_new_tokens_bars_eos_and_stop_ids_until_reached():
     row = penalty_row(t9=10.0, t5=9.0, t1=1.0)  # EOS best, stop id 5 second
     kw = dict(min_new_tokens=2, max_new_tokens=8, stop_token_ids=[5])
@@ -216,7 +216,7 @@ def test_min_new_tokens_only_bars_the_sequences_that_asked():
     assert tokens == [1, EOS]
 
 
-# -- seeds ---------------------------------------------------------------------------------------------------------
+# seeds
 FLAT = torch.zeros(VOCAB)
 
 
@@ -259,7 +259,7 @@ def test_unseeded_requests_follow_the_sampler_seed():
     assert a == b and a != c
 
 
-# -- logprobs ------------------------------------------------------------------------------------------------------
+# logprobs
 def test_logprobs_are_those_of_the_unprocessed_distribution():
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(9)) * 2
     raw = torch.log_softmax(logits, dim=-1)

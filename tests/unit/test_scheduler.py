@@ -68,7 +68,7 @@ def drain(sched: Scheduler, max_steps: int = 500) -> None:
     assert sched.pages.audit([]) == []
 
 
-# -- admission ---------------------------------------------------------------------------------------------------
+# admission
 def test_admission_is_fifo_and_bounded_by_max_batch_size():
     sched = make_sched(max_batch_size=2)
     a, b, c = make_seq(5), make_seq(5), make_seq(5)
@@ -142,7 +142,7 @@ def test_admission_with_room_for_the_reserve_goes_ahead():
     drain(sched)
 
 
-# -- the token budget ---------------------------------------------------------------------------------------------
+# the token budget
 def test_chunked_prefill_splits_a_long_prompt_into_budget_sized_chunks():
     sched = make_sched(max_num_batched_tokens=8)
     s = make_seq(20)
@@ -223,7 +223,7 @@ def test_non_chunked_prompt_that_fits_is_admitted_whole():
     drain(sched)
 
 
-# -- preemption -----------------------------------------------------------------------------------------------
+# preemption
 def _three_full_pages(prefix=False):
     """Four usable pages of two slots; three 2-token prompts each fill a page, then all want a second page."""
     sched = make_sched(num_pages=5, page_size=2, prefix=prefix, max_batch_size=3)
@@ -290,7 +290,7 @@ def test_preemption_under_pressure_never_leaks_pages():
     assert sum(s.num_preemptions for s in seqs) == sched.num_preemptions
 
 
-# -- advance ------------------------------------------------------------------------------------------------------
+# advance
 def test_advance_moves_counts_and_returns_exactly_the_completed_sequences():
     sched = make_sched(max_num_batched_tokens=10)
     a, b = make_seq(4, prompt_logprobs=True), make_seq(9)
@@ -345,7 +345,7 @@ def test_advance_makes_full_prompt_pages_findable_by_later_prompts():
     drain(sched)
 
 
-# -- fork ---------------------------------------------------------------------------------------------------------
+# fork
 def test_fork_children_share_the_parents_pages_and_join_the_batch():
     sched = make_sched(page_size=4)
     parent = make_seq(6, max_new=3, n=3, seed=11)
@@ -380,7 +380,7 @@ def test_fork_children_share_the_parents_pages_and_join_the_batch():
     assert [len(s.output_ids) for s in (parent, *children)] == [3, 3, 3]
 
 
-# -- postprocess --------------------------------------------------------------------------------------------------
+# postprocess
 def _decoding(sched, **kw) -> Sequence:
     s = make_seq(3, **kw)
     sched.add(s)
@@ -457,7 +457,7 @@ def test_finish_reasons_serialize_as_their_values():
     assert FinishReason.STOP == "stop"
 
 
-# -- finish -------------------------------------------------------------------------------------------------------
+# finish
 def test_finish_a_running_sequence_frees_its_pages():
     sched = make_sched()
     s = _decoding(sched)
@@ -503,7 +503,7 @@ def test_finish_leaves_sibling_samples_alone():
     drain(sched)
 
 
-# -- audit and requeue_all ----------------------------------------------------------------------------------------
+# audit and requeue_all
 def test_audit_is_empty_for_a_consistent_state():
     sched = make_sched(max_batch_size=2)
     for _ in range(3):

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from mlc.errors import ContextLengthError, InvalidRequestError
+from mlc.server.chat.messages import chat_messages
 from mlc.server.input_policy import InputPolicy
-from mlc.server.prompting import chat_messages, check_chars, off_loop
+from mlc.server.prompting import check_chars, off_loop
 from mlc.server.protocol.schemas import ChatMessage
 from mlc.server.token_text import TokenText
 

@@ -4,18 +4,14 @@ array file: mapped to our messages, tokenized like chat rows, and bad rows named
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_llama import build_tiny_llama  # noqa: E402
-
-from mlc.errors import DataError  # noqa: E402
-from mlc.models.tokenizer import load_tokenizer  # noqa: E402
-from mlc.train.formats import RecordError, record_tools, to_messages  # noqa: E402
-from mlc.train.preprocess import IGNORE_INDEX, PreprocessOptions, tokenize_file, tokenize_messages  # noqa: E402
+from mlc.errors import DataError
+from mlc.models.tokenizer import load_tokenizer
+from mlc.train.formats import RecordError, record_tools, to_messages
+from mlc.train.preprocess import IGNORE_INDEX, PreprocessOptions, tokenize_file, tokenize_messages
+from tests.support.tiny_llama import build_tiny_llama
 
 TOOL = {"name": "track_order", "description": "Where an order is", "parameters": {"type": "object", "properties": {
     "order_id": {"type": "string"}}}}
@@ -88,7 +84,8 @@ def test_jsonl_and_json_array_files_give_the_same_rows(tok, tmp_path):
     rows_a, stats_a = tokenize_file(jsonl, tok, PreprocessOptions(), progress=lambda *a: seen.append(a))
     rows_b, stats_b = tokenize_file(array, tok, PreprocessOptions(format="sharegpt"))
     assert rows_a == rows_b and stats_a.formats == {"sharegpt": 2} and stats_b.layout == "json"
-    assert stats_a.dropped == stats_b.dropped == [{"line": 3, "reason": "conversations[1].value must be a string, got NoneType"}]
+    assert stats_a.dropped == stats_b.dropped == [
+        {"line": 3, "reason": "conversations[1].value must be a string, got NoneType"}]
     assert seen[-1][1] == seen[-1][2] == jsonl.stat().st_size  # progress reached the end of the file
     with pytest.raises(DataError, match=r"d\.json row 3: conversations\[1\]\.value"):
         tokenize_file(array, tok, PreprocessOptions(on_error="fail"))

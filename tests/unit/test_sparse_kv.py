@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from mlc.config.engine_config import SparseKVConfig
-from mlc.engine.page_manager import PageManager
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner
+from mlc.engine.page_manager import PageManager
 from mlc.engine.sampling_params import SamplingParams
-from mlc.engine.sequence import ScheduledSeq
-from mlc.engine.sequence import Sequence
+from mlc.engine.sequence import ScheduledSeq, Sequence
 from mlc.engine.sparse_kv import SparseKV, SparseKVPolicy, entry_positions
 from mlc.layers.attention import build_attention_metadata
 
@@ -181,7 +180,7 @@ def test_low_ratio_warns_and_full_kv_requests_are_skipped(caplog):
     assert seq.num_cache_entries == 120 and fx.sparse.num_compactions == 0
 
 
-# -- logits after compaction ------------------------------------------------------------------------------------------
+# logits after compaction
 def randomized_checkpoint(hf, path):
     from mlc.models.loader import load_model
 

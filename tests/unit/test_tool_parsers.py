@@ -30,7 +30,8 @@ GLM47 = ("<think></think><tool_call>get_weather<arg_key>city</arg_key><arg_value
 GLM4 = 'get_weather\n{"city": "Beijing", "days": 1}'
 HERMES = ('I will look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
           '<tool_call>\n{"name": "search", "arguments": "{\\"query\\": \\"x\\"}"}\n</tool_call>')
-LLAMA3 = '<|python_tag|>{"name": "search", "parameters": {"query": "llamas"}}; {"name": "get_weather", "parameters": {"city": "Oslo"}}'
+LLAMA3 = ('<|python_tag|>{"name": "search", "parameters": {"query": "llamas"}}; '
+          '{"name": "get_weather", "parameters": {"city": "Oslo"}}')
 
 
 def stream(fmt: str | None, text: str, cuts: list[int], reasoning: bool = False, inside: bool = False) -> list[dict]:

@@ -32,7 +32,8 @@ def test_shipped_smollm2_config_is_valid():
 
 def test_tutorial_defaults():
     cfg = TrainConfig()
-    assert (cfg.optimizer.type, cfg.optimizer.lr, cfg.optimizer.eps, cfg.optimizer.betas) == ("AdamW", 2e-4, 1e-6, (0.9, 0.999))
+    assert (cfg.optimizer.type, cfg.optimizer.lr, cfg.optimizer.eps, cfg.optimizer.betas) == (
+        "AdamW", 2e-4, 1e-6, (0.9, 0.999))
     assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.dtype) == (64, 64, 0.1, "float32")
     assert cfg.clip_norm == 1.0 and cfg.data.pad_to_multiple_of == 16 and cfg.train_on_prompt is False
 

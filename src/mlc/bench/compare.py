@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -145,7 +146,7 @@ def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenize
     system = words_for_tokens(text, cfg.shared_prefix_tokens, tokenizer)
     questions = [p[0]["content"] for p in prompts][: cfg.shared_requests]
     for s in _interleave(servers, step):
-        out = {}
+        out: dict[str, Any] = {}
         for kind in ("unique", "shared"):
             bodies = []
             for i, q in enumerate(questions):

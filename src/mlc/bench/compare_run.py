@@ -14,8 +14,6 @@ from mlc.bench import llama_cpp, peers
 from mlc.bench.compare import CompareConfig, run_servers
 from mlc.bench.plots import cdf_plot, throughput_plot
 
-OURS = "mlc"
-
 
 def gguf_of(model: str) -> Path | None:
     """The GGUF file a model came from: the file itself, or a store model's pinned source."""
@@ -107,15 +105,15 @@ def run_compare(cfg: CompareConfig, progress=print) -> dict:
                 if not (e.crashed and spec.label.startswith("llama-server")):
                     raise
                 retry = peers.without_repacking(spec)
-                notes.append(f"{spec.label} crashed while starting (signal {-e.returncode}, log {spec.log}); it ran "
+                notes.append(f"{spec.label} crashed while starting (signal {e.signal}, log {spec.log}); it ran "
                              "with --no-repack instead (its repacked CPU weight layouts crash on this CPU)")
                 progress(notes[-1])
                 spec = retry
                 srv = stack.enter_context(peers.RunningServer(spec))
             result["servers"][spec.label] = {"argv": spec.argv, "startup_s": srv.startup_s, "log": str(spec.log)}
             running.append(srv)
-        from mlc.models.tokenizer import load_tokenizer
         from mlc.models.store import resolve_model_dir
+        from mlc.models.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(resolve_model_dir(cfg.model))
         result["workloads"] = run_servers(cfg, running, tokenizer, progress)
@@ -127,10 +125,6 @@ def run_compare(cfg: CompareConfig, progress=print) -> dict:
     result["plots"] = [str(p) for p in write_plots(result, cfg.out_dir)]
     (cfg.out_dir / "compare.md").write_text(markdown(result))
     return result
-
-
-def ours_label(result: dict) -> str:
-    return next(iter(result["servers"]))
 
 
 def write_plots(result: dict, out_dir: Path) -> list[Path]:

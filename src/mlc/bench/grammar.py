@@ -1,6 +1,6 @@
 """What structured outputs cost per engine step: the (greedy) sampler on random logits of the model's
-vocabulary, with every row, one row or no row under a JSON Schema grammar, at several batch sizes. The model itself never runs, so the
-numbers are the grammar's own overhead (mask fill, apply, accept), not a generation speed.
+vocabulary, with every row, one row or no row under a JSON Schema grammar, at several batch sizes. The model itself
+never runs, so the numbers are the grammar's own overhead (mask fill, apply, accept), not a generation speed.
 
     python -m mlc.bench.grammar [--model smollm2-135m-instruct] [--batch 1 --batch 16] [--steps 40]
 """
@@ -48,8 +48,9 @@ def step_ms(sampler: Sampler, seqs: list[Sequence], vocab: int, steps: int, eos:
                 seqs[i] = Sequence(seqs[i].request_id, [1, 2, 3], seqs[i].params, grammar=seqs[i].grammar)
             else:  # what Scheduler.postprocess does with a token
                 seqs[i].output_ids.append(token)
-                if seqs[i].matcher is not None:
-                    advance(seqs[i].matcher, token)
+                matcher = seqs[i].matcher
+                if matcher is not None:
+                    advance(matcher, token)
     return 1000 * statistics.median(times)
 
 

@@ -130,9 +130,9 @@ def capacity(spec, dtype, plan: KVBenchPlan, ratio: float) -> tuple[int, int]:
     engine's page plan and allocator; each sequence grows `chunk` tokens a step and is compacted between steps."""
     import torch
 
-    from mlc.engine.page_manager import PageManager
     from mlc.engine.kv_cache import KVCache
     from mlc.engine.memory import plan_cache
+    from mlc.engine.page_manager import PageManager
     from mlc.engine.sampling_params import SamplingParams
     from mlc.engine.sequence import Sequence
     from mlc.engine.sparse_kv import SparseKV

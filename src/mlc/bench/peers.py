@@ -77,6 +77,11 @@ class ServerStartError(MlcError):
     def crashed(self) -> bool:
         return self.returncode is not None and self.returncode < 0  # killed by a signal (SIGSEGV, SIGABRT, ...)
 
+    @property
+    def signal(self) -> int | None:
+        """The signal that killed it, where it crashed."""
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
 
 def without_repacking(spec: ServerSpec) -> ServerSpec:
     """llama-server with `--no-repack`: its repacked CPU weight layouts (the AMX path among them) crash at start on
@@ -96,7 +101,7 @@ class RunningServer:
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.spec.log, "w")
         start = time.perf_counter()
@@ -118,7 +123,8 @@ class RunningServer:
                 pass
             time.sleep(0.5)
         self.__exit__(None, None, None)
-        raise ServerStartError(f"{self.spec.label} did not become healthy within {self.timeout:.0f}s; see {self.spec.log}")
+        raise ServerStartError(
+            f"{self.spec.label} did not become healthy within {self.timeout:.0f}s; see {self.spec.log}")
 
     def __exit__(self, *exc) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -166,7 +166,8 @@ def _sentence_end(llm: LLM, ids: list[int], near: int) -> int:
     """The first index at or after `near` that follows a token ending a sentence (or `near` itself)."""
     tok = llm.tokenizer
     for i in range(max(near, 1), min(near + 64, len(ids))):
-        if tok.decode(ids[i - 1 : i]).rstrip().endswith((".", ":", ";")):
+        # transformers types decode() as str | list[str]; one list of ids decodes to a str
+        if tok.decode(ids[i - 1 : i]).rstrip().endswith((".", ":", ";")):  # type: ignore[union-attr]
             return i
     return near
 

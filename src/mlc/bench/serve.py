@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from mlc.bench.stats import Summary, summarize
 from mlc.bench.prompts import as_conversation, read_prompt_rows
+from mlc.bench.stats import Summary, summarize
 from mlc.errors import InvalidRequestError
 
 BUILTIN_PROMPTS = [
@@ -149,7 +149,10 @@ def _body(cfg: BenchConfig, model: str, messages: list[dict]) -> dict:
 
 async def run_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
     start = time.perf_counter()
-    ttft, last, itl, chunks, usage = None, None, [], 0, None
+    ttft: float | None = None
+    last: float | None = None  # when the latest content chunk came
+    itl: list[float] = []
+    chunks, usage = 0, None
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
@@ -168,7 +171,7 @@ async def run_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestRes
                 usage = event.get("usage") or usage
                 if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
                     now = time.perf_counter()
-                    if ttft is None:
+                    if last is None:
                         ttft = now - start
                     else:
                         itl.append(now - last)
@@ -198,7 +201,7 @@ def report(concurrency: int, results: list[RequestResult], duration: float, cfg:
     return LevelReport(
         concurrency=concurrency, num_prompts=len(results), duration_s=duration, completed=len(ok),
         failed=len(results) - len(ok),
-        ttft_ms=summarize([r.ttft for r in ok]).scaled(1000),
+        ttft_ms=summarize([r.ttft for r in ok if r.ttft is not None]).scaled(1000),  # every completed one has it
         tpot_ms=summarize([r.tpot for r in ok if r.tpot is not None]).scaled(1000),
         itl_ms=summarize([x for r in ok for x in r.itl]).scaled(1000),
         e2e_ms=summarize([r.e2e for r in ok]).scaled(1000),

@@ -33,7 +33,7 @@ class Summary:
     p99: float
     max: float
 
-    def scaled(self, factor: float) -> "Summary":
+    def scaled(self, factor: float) -> Summary:
         """The same summary in other units (seconds -> milliseconds: 1000)."""
         return Summary(self.count, *(v * factor for v in (self.mean, self.p50, self.p90, self.p99, self.max)))
 

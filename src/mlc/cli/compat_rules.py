@@ -32,6 +32,13 @@ def parse_bool(flag: str, value: str) -> bool:
     raise ConfigError(f"{flag}={value}: write true or false")
 
 
+def _given(value: str | None) -> str:
+    """The value of a "one" rule's flag: compat.py takes it (or refuses the flag) before applying the rule."""
+    if value is None:
+        raise ConfigError("the flag needs a value")
+    return value
+
+
 def _number(flag: str, value: str, kind=float):
     try:
         return kind(value)
@@ -39,7 +46,7 @@ def _number(flag: str, value: str, kind=float):
         raise ConfigError(f"{flag} {value!r} is not a number") from None
 
 
-# -- serve ------------------------------------------------------------------------------------------------------------
+# serve
 def _device_id(value: str | None) -> tuple[list[str], str]:
     index = _number("--device_id", value or "", int)
     kind, why = _accelerator()
@@ -107,6 +114,7 @@ def serve_prepass(rest: list[str], notes: list[str]) -> list[str]:
     if base_name not in KV_BITS:
         return rest + ["--kv-cache-dtype", base_name]  # click names the allowed dtypes
     bits = KV_BITS[base_name] * _number("--kv_cache_compression_ratio", ratio)
+    target: str | None
     if math.isclose(bits, KV_BITS[base_name]):
         target = base_name
     else:
@@ -147,15 +155,17 @@ SERVE: dict[str, Rule] = {
 }
 
 
-# -- preprocess (the tutorial's preprocess.py) ------------------------------------------------------------------------
+# preprocess (the tutorial's preprocess.py)
 PREPROCESS: dict[str, Rule] = {
-    "--input_file": Rule("one", lambda v: ([v], f"{v} (the input file is the first argument)")),
-    "--output_file": Rule("one", lambda v: (["--out", v], f"--out {v} (a directory: the Arrow dataset + stats.json)")),
-    "--tokenizer_path": Rule("one", lambda v: (["--model", v], f"--model {v} (a tokenizer-only directory is enough)")),
+    "--input_file": Rule("one", lambda v: ([_given(v)], f"{v} (the input file is the first argument)")),
+    "--output_file": Rule("one", lambda v: (["--out", _given(v)],
+                                            f"--out {v} (a directory: the Arrow dataset + stats.json)")),
+    "--tokenizer_path": Rule("one", lambda v: (["--model", _given(v)],
+                                               f"--model {v} (a tokenizer-only directory is enough)")),
 }
 
 
-# -- train (MindFormers' run_mindformer.py) ---------------------------------------------------------------------------
+# train (MindFormers' run_mindformer.py)
 def _assign(key: str, what: str = "") -> Callable[[str | None], tuple[list[str], str]]:
     def apply(value: str | None) -> tuple[list[str], str]:
         token = f"{key}={json.dumps(value)}"  # JSON is YAML: the value stays a string

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         tensor_parallel_size: Annotated[int, typer.Option(
             "--tensor-parallel-size", "--tp", help="Ranks the output will be served on: checked to shard evenly, "
             "and the MLP width padded so that each rank's slice keeps the alignment.")] = 1,
-        enable_expert_parallel: option("enable_expert_parallel") = None,
+        enable_expert_parallel: Annotated[Optional[bool], option("enable_expert_parallel")] = None,
     ) -> None:
         """Offline compile: fused q|k|v and gate|up, quantized weights, aligned dims, sha256 manifest."""
         from mlc.layers.quant import check_options
@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
                                 source_note={k: v for k, v in (("hardware", hardware),
                                              ("tensor_parallel_size", tensor_parallel_size)) if v and v != 1} or None,
                                 progress=step)
-        pad = f", MLP width {res.padded_intermediate[0]} -> {res.padded_intermediate[1]}" if res.padded_intermediate else ""
+        pad = (f", MLP width {res.padded_intermediate[0]} -> {res.padded_intermediate[1]}"
+               if res.padded_intermediate else "")
         console.print(f"compiled {model} -> {res.out_dir} ({res.weight_dtype}, {res.quantized_layers} quantized layers"
                       f"{pad}, {res.bytes_written / 2**20:.0f} MiB) in {time.perf_counter() - start:.1f} s")

@@ -1,4 +1,5 @@
-"""`mlc-cli config init serve|lora|cluster` writes a commented template; `mlc-cli config check FILE` validates and lints."""
+"""`mlc-cli config init serve|lora|cluster` writes a commented template; `mlc-cli config check FILE` validates
+and lints."""
 
 from __future__ import annotations
 
@@ -49,8 +50,10 @@ def init(
 def check(
     file: Path = typer.Argument(..., help="A serve, lora or cluster YAML file."),
     kind: str = typer.Option(None, "--kind", help="serve | lora | cluster (default: guessed from the keys)."),
-    hardware: str = typer.Option(None, "--hardware", help="Profile to lint against (default: from the config's device)."),
-    set_: list[str] = typer.Option(None, "--set", help="Override a key before checking, e.g. --set engine.page_size=32."),
+    hardware: str = typer.Option(
+        None, "--hardware", help="Profile to lint against (default: from the config's device)."),
+    set_: list[str] = typer.Option(
+        None, "--set", help="Override a key before checking, e.g. --set engine.page_size=32."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
     """Validate a config against its schema, then lint it against a hardware profile. Exit 1 on lint errors."""

@@ -36,9 +36,9 @@ def load_cluster(path: Path | None, ctx: typer.Context | None = None):
 
 
 def _serve_config(path: Path, cluster, model: str | None, loras: dict[str, str], api_keys: list[str]):
+    from mlc.cluster.service import resolve_paths
     from mlc.config.loader import load_config, read_yaml
     from mlc.config.serve_config import ServeConfig
-    from mlc.cluster.service import resolve_paths
     from mlc.server.auth import keys_from_env
 
     serve_path = None
@@ -46,7 +46,9 @@ def _serve_config(path: Path, cluster, model: str | None, loras: dict[str, str],
         serve_path = Path(cluster.serve_config).expanduser()
         serve_path = serve_path if serve_path.is_absolute() else path.parent / serve_path
     base = read_yaml(serve_path) if serve_path is not None else {}
-    engine = base.get("engine") if isinstance(base.get("engine"), dict) else {}
+    engine = base.get("engine")
+    if not isinstance(engine, dict):
+        engine = {}
     overrides: dict = {"engine.model": model or cluster.model}
     if loras:
         overrides["engine.lora_adapters"] = {**(engine.get("lora_adapters") or {}), **loras}
@@ -63,7 +65,8 @@ def deploy(
     cluster_config: ClusterOpt = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model to serve (default: the file's).")] = None,
     lora: Annotated[Optional[list[str]], typer.Option(
-        "--lora", help="NAME=DIR: also serve this PEFT adapter (repeatable); requests pick it with model=NAME.")] = None,
+        "--lora",
+        help="NAME=DIR: also serve this PEFT adapter (repeatable); requests pick it with model=NAME.")] = None,
     api_key: Annotated[Optional[list[str]], typer.Option(
         "--api-key", help="Accepted bearer key (repeatable); MLC_API_KEY may hold more, comma-separated.")] = None,
 ) -> None:
@@ -174,8 +177,8 @@ def train_on_cluster_cmd(cluster_path: Path, config: Path | None, args: list[str
     adapter onto the serving replicas."""
     import os
 
-    from mlc.config.loader import load_train_config
     from mlc.cluster.train import roll_command, train_on_cluster
+    from mlc.config.loader import load_train_config
 
     path, cluster = load_cluster(cluster_path)
     if config is None and cluster.training.config:

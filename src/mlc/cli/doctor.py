@@ -15,7 +15,8 @@ MARKS = {"ok": "[green]ok[/]  ", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/
 def doctor_command(
     prompt_file: Path = typer.Option(None, "--prompts-file", "--prompt-file",
                                      help="Find invisible characters (U+200B, ...) in a prompt."),
-    train_log: Path = typer.Option(None, "--train-log", help="A run dir or train_log.jsonl to scan for NaN/inf losses."),
+    train_log: Path = typer.Option(
+        None, "--train-log", help="A run dir or train_log.jsonl to scan for NaN/inf losses."),
     config: Path = typer.Option(None, "--config", help="A serve, lora or cluster YAML to validate and lint."),
     hardware: str = typer.Option(None, "--hardware", help="Profile to lint the config against."),
     port: int = typer.Option(None, "--port", help="Port the server will use (default: check 8080, as a warning)."),
@@ -27,7 +28,8 @@ def doctor_command(
     """Check the host, the model store, a port, and optionally a config, a prompt file and a training log."""
     from mlc.doctor.run import DoctorOptions, blocking, run_doctor
 
-    checks = run_doctor(DoctorOptions(prompt_file, train_log, config, hardware, port, host, model or None, not no_store))
+    opts = DoctorOptions(prompt_file, train_log, config, hardware, port, host, model or None, not no_store)
+    checks = run_doctor(opts)
     if as_json:
         typer.echo(json.dumps([c.__dict__ for c in checks], indent=2, ensure_ascii=False))
     else:

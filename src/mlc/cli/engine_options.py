@@ -110,9 +110,25 @@ def option_fields() -> list[str]:
     return [n for n in names if n in EngineConfig.model_fields and flag_for(n) is not None]
 
 
+def _row(name: str) -> Flag:
+    """flag_for(name), for a field that is a command-line option (one of option_fields())."""
+    row = flag_for(name)
+    if row is None:
+        raise ValueError(f"EngineConfig.{name} is not a command-line option")
+    return row
+
+
+def _kind(name: str) -> tuple[type, tuple]:
+    """_scalar of a field that is a command-line option (one of option_fields())."""
+    kind = _scalar(EngineConfig.model_fields[name].annotation)
+    if kind is None:
+        raise ValueError(f"EngineConfig.{name} is not a command-line option")
+    return kind
+
+
 def _help(name: str, row: Flag) -> str:
     info = EngineConfig.model_fields[name]
-    choices = _scalar(info.annotation)[1]
+    choices = _kind(name)[1]
     text = row.help.replace("{choices}", ", ".join(choices))
     default = info.default
     if row.show_default and default is not None:
@@ -122,14 +138,16 @@ def _help(name: str, row: Flag) -> str:
 
 
 def option(name: str, decls: tuple[str, ...] | None = None, panel: str | None = None) -> Any:
-    """`Annotated[Optional[T], typer.Option(...)]` for EngineConfig field `name` (for a command that takes a few
-    engine settings of its own rather than all of them, e.g. `bench quant --model --device`)."""
-    row = flag_for(name)
-    if row is None:
-        raise ValueError(f"EngineConfig.{name} is not a command-line option")
-    kind = row.type or _scalar(EngineConfig.model_fields[name].annotation)[0]
-    return Annotated[Optional[kind], typer.Option(*(decls or row.decls), help=_help(name, row),
-                                                  rich_help_panel=panel, show_default=False)]
+    """The `typer.Option(...)` of EngineConfig field `name`, for a command that takes a few engine settings of its
+    own rather than all of them: `model: Annotated[Optional[str], option("model")] = ...` (`bench quant`)."""
+    row = _row(name)
+    return typer.Option(*(decls or row.decls), help=_help(name, row), rich_help_panel=panel, show_default=False)
+
+
+def _annotation(name: str, decls: tuple[str, ...], panel: str) -> Any:
+    """`Annotated[Optional[T], option(...)]`: the parameter @engine_options adds for field `name`."""
+    kind = _row(name).type or _kind(name)[0]
+    return Annotated[Optional[kind], option(name, decls, panel)]
 
 
 @dataclass
@@ -174,7 +192,7 @@ def config_argv(cfg: EngineConfig, skip: tuple[str, ...] = ("model",)) -> list[s
         value = getattr(cfg, name)
         if name in skip or value == getattr(default, name):
             continue
-        on, _, off = flag_for(name).decls[0].partition("/")
+        on, _, off = _row(name).decls[0].partition("/")
         if isinstance(value, bool):
             if not value and not off:
                 raise ConfigError(f"engine.{name}: false has no flag")
@@ -218,14 +236,14 @@ def engine_options(exclude: tuple[str, ...] = (), config_help: str = CONFIG_HELP
         for name in option_fields():
             if name in exclude:
                 continue
-            row = flag_for(name)
+            row = _row(name)
             decls = tuple(d for d in row.decls if not taken & set(d.split("/")))
             if not decls:
                 dashed = f"engine-{name.replace('_', '-')}"
                 decls = (f"--{dashed}/--no-{dashed}" if "/" in row.decls[0] else f"--{dashed}",)
             names[name] = f"engine_{name}" if name in taken_names else name
             added.append(inspect.Parameter(names[name], inspect.Parameter.KEYWORD_ONLY, default=None,
-                                           annotation=option(name, decls, PANEL)))
+                                           annotation=_annotation(name, decls, PANEL)))
         added.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--config", help=config_help, rich_help_panel=PANEL)]))
 
@@ -235,9 +253,10 @@ def engine_options(exclude: tuple[str, ...] = (), config_help: str = CONFIG_HELP
             return func(*args, **kwargs, engine=engine)
 
         params = [*own, *added]
-        command.__signature__ = sig.replace(parameters=params)
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        command.engine_option_names = dict(names)  # field -> parameter, for tests and introspection
+        wrapped: Any = command  # a function takes attributes; functools' wrapper type has no room for them
+        wrapped.__signature__ = sig.replace(parameters=params)
+        wrapped.__annotations__ = {p.name: p.annotation for p in params}
+        wrapped.engine_option_names = dict(names)  # field -> parameter, for tests and introspection
         return command
 
     return decorate

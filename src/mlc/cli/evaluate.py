@@ -23,7 +23,8 @@ def eval_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="With --tasks: at most this many documents per task."),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", help="With --tasks: few-shot examples."),
     adapter: Optional[Path] = typer.Option(None, "--adapter", help="PEFT LoRA adapter dir to apply."),
-    max_seq_len: int = typer.Option(512, "--max-seq-len", "--seq-len", help="As in training; longer rows are truncated."),
+    max_seq_len: int = typer.Option(
+        512, "--max-seq-len", "--seq-len", help="As in training; longer rows are truncated."),
     batch_size: int = typer.Option(8, "--batch-size"),
     fmt: str = typer.Option("auto", "--format", help="auto, instruction, alpaca or chat."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, npu or auto."),

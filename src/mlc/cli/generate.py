@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
 
         if (prompt is None) == (prompts_file is None):
             raise InvalidRequestError("give exactly one of --prompt or --prompts-file")
-        rows = read_prompt_rows(prompts_file) if prompts_file else [{"prompt": prompt, "chat": chat}]
+        rows: list[dict[str, Any]] = (read_prompt_rows(prompts_file) if prompts_file
+                                      else [{"prompt": prompt, "chat": chat}])
         cfg = engine.resolve()
         llm = LLM(config=cfg)
         prompts, params = [], []

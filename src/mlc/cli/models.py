@@ -7,10 +7,11 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-models_app = typer.Typer(help="List, pull, verify and describe models in the store ($MLC_HOME/models).", no_args_is_help=True)
+models_app = typer.Typer(
+    help="List, pull, verify and describe models in the store ($MLC_HOME/models).", no_args_is_help=True)
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

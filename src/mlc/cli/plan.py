@@ -35,7 +35,8 @@ ROWS = [
     ("total / usable", lambda lay: f"{_gib(lay.total_bytes)} / {_gib(lay.capacity_bytes)}"),
     ("fits", lambda lay: "[green]yes[/]" if lay.fits else "[red]no[/]"),
     ("largest batch at seq_len", lambda lay: str(lay.max_batch)),
-    ("decode tok/s (roofline)", lambda lay: f"{lay.decode_tok_s:,.0f} total, {lay.decode_tok_s_per_seq:,.1f} per sequence, {lay.bound}-bound"),
+    ("decode tok/s (roofline)",
+     lambda lay: f"{lay.decode_tok_s:,.0f} total, {lay.decode_tok_s_per_seq:,.1f} per sequence, {lay.bound}-bound"),
 ]
 
 
@@ -75,16 +76,25 @@ def print_plan(result) -> None:
 
 
 def plan_command(
-    model: str = typer.Option(None, "--model", "-m", help="Store name, checkpoint dir, config.json, or a built-in shape (glm-4-9b, glm-4.5, glm-4.5-air, glm-5)."),
-    hardware: str = typer.Option("cpu", "--hardware", help="Profile: cpu, nvidia-h200, nvidia-a100-80g, ascend-910b, ascend-310p, or a .yaml."),
-    seq_len: int = typer.Option(None, "--seq-len", "--max-seq-len", "--max-model-len", help="Tokens per sequence (prompt + completion). [default: 32768]"),
-    batch: int = typer.Option(None, "--batch", "--max-batch-size", "--max-num-seqs", help="Sequences decoded together. [default: 8]"),
-    kv_dtype: str = typer.Option(None, "--kv-dtype", "--kv-cache-dtype", help="auto | fp32 | fp16 | bf16 | int8 | int4"),
+    model: str = typer.Option(
+        None, "--model", "-m",
+        help="Store name, checkpoint dir, config.json, or a built-in shape (glm-4-9b, glm-4.5, glm-4.5-air, glm-5)."),
+    hardware: str = typer.Option(
+        "cpu", "--hardware",
+        help="Profile: cpu, nvidia-h200, nvidia-a100-80g, ascend-910b, ascend-310p, or a .yaml."),
+    seq_len: int = typer.Option(
+        None, "--seq-len", "--max-seq-len", "--max-model-len",
+        help="Tokens per sequence (prompt + completion). [default: 32768]"),
+    batch: int = typer.Option(
+        None, "--batch", "--max-batch-size", "--max-num-seqs", help="Sequences decoded together. [default: 8]"),
+    kv_dtype: str = typer.Option(
+        None, "--kv-dtype", "--kv-cache-dtype", help="auto | fp32 | fp16 | bf16 | int8 | int4"),
     weight_dtype: str = typer.Option(None, "--weight-dtype", help="auto | fp32 | fp16 | bf16 | int8 | int4"),
     dtype: str = typer.Option(None, "--dtype", help="Compute dtype: auto | fp32 | fp16 | bf16"),
     page_size: int = typer.Option(None, "--page-size", "--block-size", help="Tokens per KV page. [default: 16]"),
     devices: int = typer.Option(None, "--devices", help="Devices for the requested layout (TP inside a node)."),
-    sparse_kv_ratio: float = typer.Option(None, "--sparse-kv-ratio", help="Plan with sparse KV keeping this share of old tokens."),
+    sparse_kv_ratio: float = typer.Option(
+        None, "--sparse-kv-ratio", help="Plan with sparse KV keeping this share of old tokens."),
     config: str = typer.Option(None, "--config", help="A serve.yaml to take engine settings from (flags override it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:

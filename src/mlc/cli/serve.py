@@ -104,7 +104,8 @@ def register(app: typer.Typer) -> None:
             help="Tool call format: glm45, glm4, hermes or llama3_json (vLLM's names too); default: read from the "
             "chat template.")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
-            "--lora", help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
+            "--lora",
+            help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
         access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
         *,

@@ -78,7 +78,8 @@ def train_cmd(
     smoothing: Optional[float] = typer.Option(
         None, "--smoothing", help="`train plot`: EMA weight of the smoothed curve (default: by run length)."
     ),
-    inject_nonfinite_steps: Optional[str] = typer.Option(None, hidden=True, help="Testing: make these steps' loss inf."),
+    inject_nonfinite_steps: Optional[str] = typer.Option(
+        None, hidden=True, help="Testing: make these steps' loss inf."),
     ui: bool = typer.Option(False, "--ui", help="Show the live loss curve, lr, grad norm, ETA and checkpoints in a "
                             "browser page on 127.0.0.1 (port --ui-port) while training."),
     ui_port: int = typer.Option(8090, "--ui-port", min=0, max=65535, help="Port of the --ui page (0: any free port)."),
@@ -104,7 +105,8 @@ def train_cmd(
     args, config = split_config_arg(args, config)
     notes: list[str] = []
     cfg = load_train_config(config, args, notes)  # validate before spawning workers
-    cfg, env_notes = apply_train_env(cfg, os.environ, nproc, not launched_by_torchrun())  # the tutorial's BATCH_SIZE, SEQ_LEN, RANK_SIZE, ...
+    # the tutorial's BATCH_SIZE, SEQ_LEN, RANK_SIZE, ...
+    cfg, env_notes = apply_train_env(cfg, os.environ, nproc, not launched_by_torchrun())
     notes += env_notes
     if not launched_by_torchrun():
         print_notes(notes)
@@ -116,9 +118,9 @@ def train_cmd(
         from mlc.cli.deploy import train_on_cluster_cmd
 
         if cfg.tensor_parallel > 1:
-            raise ConfigError(f"tensor_parallel {cfg.tensor_parallel} (model_parallel) is not run on a Ray cluster yet: "
-                              "Ray Train workers each hold a whole model. Set it to 1 there, or run `mlc-cli train` "
-                              "on one node, which starts the split processes itself")
+            raise ConfigError(f"tensor_parallel {cfg.tensor_parallel} (model_parallel) is not run on a Ray cluster "
+                              "yet: Ray Train workers each hold a whole model. Set it to 1 there, or run "
+                              "`mlc-cli train` on one node, which starts the split processes itself")
 
         return train_on_cluster_cmd(cluster_config, config, args, cfg, resume, fresh)
     nproc = (nproc or cfg.nproc) * cfg.tensor_parallel  # data-parallel copies x the ranks of each copy

@@ -7,8 +7,9 @@ the server aborts the engine request."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.types import ASGIApp, Message
 
@@ -27,7 +28,7 @@ class ForwardedRequest:
     affinity: tuple[str, ...] = field(default=())  # prefix chunk hashes, read by the router
 
     @classmethod
-    def from_scope(cls, scope: dict, body: bytes, affinity: tuple[str, ...] = ()) -> ForwardedRequest:
+    def from_scope(cls, scope: Mapping[str, Any], body: bytes, affinity: tuple[str, ...] = ()) -> ForwardedRequest:
         client = scope.get("client")
         server = scope.get("server")
         return cls(scope["method"], scope["path"], scope.get("query_string", b""),
@@ -68,7 +69,10 @@ async def run_asgi(app: ASGIApp, request: ForwardedRequest, replica: str = "") -
     async def send(message: Message) -> None:
         await sent.put(message)
 
-    task = asyncio.create_task(app(request.scope(), receive, send))
+    async def run_app() -> None:  # an ASGI app is typed as returning an Awaitable, create_task needs a coroutine
+        await app(request.scope(), receive, send)
+
+    task = asyncio.create_task(run_app())
     task.add_done_callback(lambda _: sent.put_nowait(None))
     try:
         while (message := await sent.get()) is not None:
@@ -80,8 +84,9 @@ async def run_asgi(app: ASGIApp, request: ForwardedRequest, replica: str = "") -
                     yield bytes(message["body"])
                 if not message.get("more_body", False):
                     break
-        if task.done() and task.exception() is not None:
-            raise task.exception()
+        error = task.exception() if task.done() else None
+        if error is not None:
+            raise error
     finally:
         gone.set()  # a caller that stopped early is a client that went away
         if not task.done():

@@ -12,9 +12,9 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from mlc.config.cluster_config import ClusterConfig
 from mlc.cluster.proxy_headers import ENV_VAR, IMPORT_PATH
 from mlc.cluster.resources import DEFAULT_RAY_PORT, Raylet
+from mlc.config.cluster_config import ClusterConfig
 
 MODEL_STORE = "/mlc/models"  # MLC_HOME=/mlc in the images of docker/
 # What the CANN container image's usage guide passes in besides the NPUs themselves: the driver stays on the host.

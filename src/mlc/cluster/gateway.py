@@ -17,7 +17,7 @@ from mlc.cluster.affinity import chunk_hashes, prompt_text
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart
 from mlc.cluster.metrics_merge import gauge, merge
 from mlc.cluster.replica import REPLICA_APP, REPLICA_DEPLOYMENT
-from mlc.server.app import MAX_BODY_BYTES, BodyLimitMiddleware
+from mlc.server.app import MAX_BODY_BYTES, body_limit_message
 from mlc.server.auth import check_authorization
 from mlc.server.errors import error_body
 from mlc.server.protocol.streaming import DONE, sse
@@ -50,12 +50,13 @@ class Gateway:
 
     async def __call__(self, request: Request) -> Response:
         if request.url.path == "/metrics" and request.method == "GET":
-            problem = check_authorization(request.headers.get("authorization"), self.api_keys) if self.api_keys else None
+            auth = request.headers.get("authorization")
+            problem = check_authorization(auth, self.api_keys) if self.api_keys else None
             if problem is None:
                 return await self._metrics()
         body = await _read_body(request)
         if body is None:
-            message = BodyLimitMiddleware(None, MAX_BODY_BYTES).message
+            message = body_limit_message(MAX_BODY_BYTES)
             return JSONResponse(error_body(message, "invalid_request_error", "body", "body_too_large"), 413,
                                 headers={"Connection": "close"})
         affinity = chunk_hashes(prompt_text(request.url.path, body), self.chunk_chars)
@@ -67,7 +68,8 @@ class Gateway:
         for _ in range(TRIES):
             stream = self.replicas.forward.options(stream=True).remote(fwd)
             try:
-                start = await asyncio.wait_for(stream.__anext__(), wait_s)
+                # stream=True: a DeploymentResponseGenerator, which Ray's types cannot tell from a DeploymentResponse
+                start = await asyncio.wait_for(stream.__anext__(), wait_s)  # type: ignore[union-attr]
             except asyncio.TimeoutError:
                 stream.cancel()
                 if fwd.path in HEALTH_PATHS:

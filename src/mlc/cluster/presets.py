@@ -54,8 +54,9 @@ def detect_hardware() -> Hardware:
         profile = "nvidia-a100-80g" if "A100" in name else "nvidia-h200"
         return Hardware(profile, "cuda", torch.cuda.device_count(), name)
     if npu_available():
-        name = torch.npu.get_device_name(0)
-        return Hardware("ascend-310p" if "310" in name else "ascend-910b", "npu", torch.npu.device_count(), name)
+        npu = torch.npu  # type: ignore[attr-defined]  # torch_npu adds torch.npu; torch's stubs lack it
+        name = npu.get_device_name(0)
+        return Hardware("ascend-310p" if "310" in name else "ascend-910b", "npu", npu.device_count(), name)
     return Hardware("cpu", "cpu", 1, "this CPU")
 
 

@@ -14,10 +14,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from mlc.cluster.resources import DEFAULT_RAY_PORT, local_raylets, shortfall
 from mlc.config.cluster_config import ClusterConfig
 from mlc.config.paths import mlc_home
-from mlc.cluster.resources import DEFAULT_RAY_PORT, local_raylets, shortfall
 from mlc.errors import ClusterError
 
 NAMESPACE = "mlc"
@@ -32,9 +33,9 @@ LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 def require_ray(what: str = "this command") -> None:
     """ClusterError with the install line when Ray (with Serve and Train) is not importable."""
     try:
-        import ray  # noqa: F401
-        import ray.serve  # noqa: F401
-        import ray.train  # noqa: F401
+        import ray
+        import ray.serve
+        import ray.train  # noqa: F401 (imported to see that it is installed)
     except ImportError as e:
         raise ClusterError(f"{what} runs on Ray, which is not installed ({e.name or e}); install it with: "
                            f"{INSTALL_HINT}") from None
@@ -77,7 +78,7 @@ def reachable(address: str, timeout_s: float = 3.0) -> bool:
         return False
 
 
-# -- a head on this machine ----------------------------------------------------------------------------------------
+# a head on this machine
 def _state_dir() -> Path:
     return mlc_home() / "cluster"
 
@@ -171,7 +172,7 @@ def stop_local_head(port: int) -> bool:
     return True
 
 
-# -- connecting ----------------------------------------------------------------------------------------------------
+# connecting
 @dataclass
 class Connection:
     address: Address
@@ -186,7 +187,7 @@ def connect(cluster: ClusterConfig, kind: str, start: bool = True) -> Connection
     address = parse_address(cluster)
     started = False
     if not reachable(address.text):
-        if not address.is_local:
+        if address.local_port is None:
             raise ClusterError(f"cannot reach the Ray cluster at {cluster.ray_address} (nothing answers there); start "
                                "it with `ray start --head` on the head node (see `mlc-cli deploy nodes`), or fix "
                                "ray_address in the cluster config")
@@ -197,7 +198,7 @@ def connect(cluster: ClusterConfig, kind: str, start: bool = True) -> Connection
     if not ray.is_initialized():
         logging.getLogger("ray").setLevel(logging.WARNING)
         try:
-            node_ip = {}
+            node_ip: dict[str, Any] = {}  # ray.init takes it through **kwargs
             if address.is_local:  # this driver, too, on the head's loopback
                 _local_only(ray)
                 node_ip = {"_node_ip_address": LOOPBACK}
@@ -205,7 +206,7 @@ def connect(cluster: ClusterConfig, kind: str, start: bool = True) -> Connection
                      **node_ip)
             logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's own INFO lines are not ours to print
         except (ConnectionError, RuntimeError) as e:
-            if started:
+            if started and address.local_port is not None:
                 stop_local_head(address.local_port)
             raise ClusterError(f"cannot connect to the Ray cluster at {cluster.ray_address}: {e}") from None
     return Connection(address, started)
@@ -225,7 +226,7 @@ def undo(conn: Connection) -> None:
     import ray
 
     ray.shutdown()
-    if conn.started_here:
+    if conn.started_here and conn.address.local_port is not None:
         stop_local_head(conn.address.local_port)
 
 

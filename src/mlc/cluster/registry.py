@@ -44,8 +44,9 @@ class Registry:
 def get_registry(create: bool = False):
     """The registry actor handle (created when `create`); None when it does not exist."""
     if create:
-        return Registry.options(name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached",
-                                get_if_exists=True).remote()
+        # @ray.remote made Registry an actor class; Ray's types keep the plain class
+        return Registry.options(  # type: ignore[attr-defined]
+            name=REGISTRY_NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
     try:
         return ray.get_actor(REGISTRY_NAME, namespace=NAMESPACE)
     except ValueError:

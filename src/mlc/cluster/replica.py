@@ -20,12 +20,11 @@ REPLICA_DEPLOYMENT = "MlcReplica"
 
 
 class ReplicaServer:
-    async def __init__(self, spec: dict):
-        import ray
+    async def __init__(self, spec: dict):  # type: ignore[misc]  # Ray Serve awaits a deployment's async __init__
         from ray import serve
 
-        from mlc.config.serve_config import ServeConfig
         from mlc.cluster.registry import get_registry
+        from mlc.config.serve_config import ServeConfig
         from mlc.errors import ClusterError
         from mlc.server.app import create_app
         from mlc.server.observability.hooks import HooksConfig

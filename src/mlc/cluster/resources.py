@@ -125,9 +125,12 @@ def check_local_devices(cluster: ClusterConfig, kind: str) -> None:
     from mlc.config.device import npu_available
     from mlc.errors import ClusterError
 
-    count = torch.cuda.device_count() if kind == "cuda" else torch.npu.device_count() if npu_available() else 0
+    # torch_npu adds torch.npu; torch's stubs lack it
+    npu_count = torch.npu.device_count() if kind != "cuda" and npu_available() else 0  # type: ignore[attr-defined]
+    count = torch.cuda.device_count() if kind == "cuda" else npu_count
     host = cluster.nodes[0].host
     ids = sorted({i for p in ("inference", "training") for i in cluster.pool_devices(p).get(host, [])})
     if ids and ids[-1] >= count:
         raise ClusterError(f"the cluster config gives this machine ({host}) {kind} devices {ids}, but it has "
-                           f"{count}; list only devices 0..{count - 1} in nodes/pools, or run on the machine that has them")
+                           f"{count}; list only devices 0..{count - 1} in nodes/pools, "
+                           "or run on the machine that has them")

@@ -17,7 +17,6 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from mlc.cluster.affinity import AffinityTable, choose
 
 
-
 def _chunks(pending: PendingRequest | None) -> tuple[str, ...]:
     if pending is None or not pending.args:
         return ()
@@ -25,7 +24,8 @@ def _chunks(pending: PendingRequest | None) -> tuple[str, ...]:
 
 
 class PrefixAffinityRouter(RequestRouter):
-    def initialize_state(self, max_load_gap: int = 4, capacity: int = 200_000) -> None:
+    # Ray calls it with the deployment's request_router_kwargs; its base class declares only **kwargs
+    def initialize_state(self, max_load_gap: int = 4, capacity: int = 200_000) -> None:  # type: ignore[override]
         self._max_load_gap = max_load_gap
         self._table = AffinityTable(capacity)
         self._in_flight: Counter = Counter()

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlc.config.cluster_config import ClusterConfig
-from mlc.config.serve_config import ServeConfig
 from mlc.cluster import ray_runtime
 from mlc.cluster.resources import device_kind, needed, replica_actor_options
+from mlc.config.cluster_config import ClusterConfig
+from mlc.config.serve_config import ServeConfig
 from mlc.errors import ClusterError
 
 Progress = Callable[[str], None]
@@ -64,10 +64,12 @@ def _replica_app(cluster: ClusterConfig, spec: dict, kind: str):
         graceful_shutdown_timeout_s=spec["serve"]["shutdown_grace_s"], graceful_shutdown_wait_loop_s=0.5,
     )
     if s.routing == "prefix_affinity":
-        options["request_router_config"] = RequestRouterConfig(
-            request_router_class=PrefixAffinityRouter,
+        options["request_router_config"] = RequestRouterConfig(  # Ray annotates its **kwargs as dicts
+            request_router_class=PrefixAffinityRouter,  # type: ignore[arg-type]
             request_router_kwargs={"max_load_gap": s.affinity_max_load_gap})
-    return serve.deployment(ReplicaServer, **one_at_a_time()).options(**options).bind(spec)
+    # serve.deployment(cls) returns a Deployment; Ray annotates it as always returning the decorator
+    deployment = serve.deployment(ReplicaServer, **one_at_a_time())
+    return deployment.options(**options).bind(spec)  # type: ignore[attr-defined]
 
 
 def one_at_a_time() -> dict:
@@ -87,7 +89,8 @@ def _gateway_app(spec: dict):
 
     from mlc.cluster.gateway import GATEWAY_DEPLOYMENT, Gateway
 
-    return serve.deployment(Gateway).options(
+    # serve.deployment(cls) returns a Deployment; Ray annotates it as always returning the decorator
+    return serve.deployment(Gateway).options(  # type: ignore[attr-defined]
         name=GATEWAY_DEPLOYMENT, num_replicas=1, max_ongoing_requests=10_000,
         ray_actor_options={"num_cpus": 0}).bind(spec)
 
@@ -168,7 +171,8 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
         wait_running(REPLICA_APP, cluster.serving.startup_timeout_s, progress)
         gateway_spec = {"chunk_chars": cluster.serving.affinity_chunk_chars, "api_keys": config.api_keys,
                         "request_timeout_s": config.request_timeout_s}
-        if previous is None or previous.get("gateway") != gateway_spec or GATEWAY_APP not in serve.status().applications:
+        if (previous is None or previous.get("gateway") != gateway_spec
+                or GATEWAY_APP not in serve.status().applications):
             serve._run(_gateway_app(gateway_spec), _blocking=False, name=GATEWAY_APP, route_prefix="/")
             wait_running(GATEWAY_APP, 120.0, progress)
         endpoint = f"http://{'127.0.0.1' if cluster.host in ('0.0.0.0', '::') else cluster.host}:{cluster.port}"
@@ -253,7 +257,7 @@ def down(cluster: ClusterConfig) -> list[str]:
         if registry is not None:
             ray.kill(registry)
         ray.shutdown()
-    if address.is_local and ray_runtime.stop_local_head(address.local_port):
+    if address.local_port is not None and ray_runtime.stop_local_head(address.local_port):
         done.append(f"stopped the local Ray head on port {address.local_port}")
     return done or ["nothing was deployed"]
 

@@ -3,9 +3,9 @@ model and adapters) from the registry."""
 
 from __future__ import annotations
 
-from mlc.config.cluster_config import ClusterConfig
 from mlc.cluster import ray_runtime
 from mlc.cluster.resources import device_kind
+from mlc.config.cluster_config import ClusterConfig
 from mlc.errors import ClusterError
 
 

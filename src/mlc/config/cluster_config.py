@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 _DATED_TAG = re.compile(r":(20\d{6})([._-][\w.-]+)?$")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _RAY_ADDRESS = re.compile(r"^(local(:\d{1,5})?|auto|ray://[\w.\-]+:\d{1,5}|[\w.\-]+:\d{1,5})$")
-POOLS = ("inference", "training")
 Pool = Literal["inference", "training"]
 
 
@@ -139,7 +138,7 @@ class ClusterConfig(BaseModel):
         if self.image_sha256 is not None and self.image is None:
             raise ValueError("image_sha256 pins `image`, which is not set; set image (e.g. mlc:20260920-cuda) or "
                              "remove image_sha256")
-        if self.image_sha256 is not None and "@sha256:" in (self.image or ""):
+        if self.image_sha256 is not None and self.image is not None and "@sha256:" in self.image:
             given = self.image_sha256.removeprefix("sha256:")
             if self.image.rpartition("@sha256:")[2] != given:
                 raise ValueError("image names a digest and image_sha256 another; keep one of them")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-
 import importlib.util
 
 import torch
@@ -22,7 +21,8 @@ def npu_available() -> bool:
         return False
     import torch_npu  # noqa: F401  (registers the "npu" device)
 
-    return bool(torch.npu.is_available())
+    # torch_npu adds torch.npu; torch's stubs lack it
+    return bool(torch.npu.is_available())  # type: ignore[attr-defined]
 
 
 def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
@@ -31,9 +31,11 @@ def resolve_device(device: str | torch.device | None = "cpu") -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "npu" if npu_available() else "cpu"
     kind = name.split(":")[0]
     if kind == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or run `mlc-cli doctor`")
+        raise DeviceError(
+            "device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu or run `mlc-cli doctor`")
     if kind == "npu" and not npu_available():
-        raise DeviceError("device 'npu' needs torch_npu and a visible Ascend NPU; use --device cpu or run `mlc-cli doctor`")
+        raise DeviceError(
+            "device 'npu' needs torch_npu and a visible Ascend NPU; use --device cpu or run `mlc-cli doctor`")
     if kind not in ("cpu", "cuda", "npu"):
         raise DeviceError(f"unknown device {name!r}; use cpu, cuda, cuda:N, npu or auto")
     return torch.device(name)

@@ -74,7 +74,8 @@ def load_profile(name_or_path: str | Path, measure: bool = False) -> HardwarePro
     if not path.suffix:
         path = PROFILE_DIR / f"{text}.yaml"
     if not path.is_file():
-        raise ConfigError(f"unknown hardware profile {text!r} (allowed: {', '.join(profile_names())}, or a profile .yaml path)")
+        raise ConfigError(
+            f"unknown hardware profile {text!r} (allowed: {', '.join(profile_names())}, or a profile .yaml path)")
     return _parse_profile(path)
 
 

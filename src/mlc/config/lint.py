@@ -52,7 +52,8 @@ def train_precision(cfg, profile: HardwareProfile) -> str:
 def serve_dtypes(cfg) -> dict[str, str]:
     """The explicitly chosen dtypes of a serve config, by key ("auto" is the engine's choice and never wrong)."""
     e = cfg.engine
-    named = {"engine.dtype": _dtype(e.dtype), "engine.weight_dtype": e.weight_dtype, "engine.kv_cache_dtype": e.kv_cache_dtype}
+    named = {"engine.dtype": _dtype(e.dtype), "engine.weight_dtype": e.weight_dtype,
+             "engine.kv_cache_dtype": e.kv_cache_dtype}
     return {k: v for k, v in named.items() if v and v != "auto"}
 
 
@@ -60,7 +61,7 @@ def _next_multiple(n: int, m: int) -> int:
     return max(m, -(-n // m) * m)
 
 
-# -- checks: return a message when the rule fires ----------------------------------------------------------------
+# checks: return a message when the rule fires
 def _lora_r(cfg, p):
     r = cfg.lora.r
     return f"lora.r = {r} is not a multiple of 16 (use {_next_multiple(r, 16)})" if r % 16 else None
@@ -90,7 +91,8 @@ def _bf16_small_batch(cfg, p):
     if train_precision(cfg, p) != "bf16":
         return None
     if cfg.batch_size < 8 or cfg.max_seq_len > 2048:
-        return f"bf16 with batch_size = {cfg.batch_size}, max_seq_len = {cfg.max_seq_len} (stable: batch >= 8, len <= 2048)"
+        return (f"bf16 with batch_size = {cfg.batch_size}, max_seq_len = {cfg.max_seq_len} "
+                "(stable: batch >= 8, len <= 2048)")
     return None
 
 
@@ -114,12 +116,16 @@ def _train_bf16_units(cfg, p):
 
 def _train_dtype_unsupported(cfg, p):
     prec = train_precision(cfg, p)
-    return f"precision {prec} is not supported by {p.name} (supported: {', '.join(p.compute_dtypes)})" if prec not in p.compute_dtypes else None
+    if prec in p.compute_dtypes:
+        return None
+    return f"precision {prec} is not supported by {p.name} (supported: {', '.join(p.compute_dtypes)})"
 
 
 def _sparse_ratio(cfg, p):
     s = cfg.engine.sparse_kv
-    return f"engine.sparse_kv.ratio = {s.ratio:g} keeps under 20% of the older tokens" if s is not None and s.ratio < 0.2 else None
+    if s is not None and s.ratio < 0.2:
+        return f"engine.sparse_kv.ratio = {s.ratio:g} keeps under 20% of the older tokens"
+    return None
 
 
 def _kv_unsupported(cfg, p):
@@ -160,7 +166,9 @@ def _page_alignment(cfg, p):
 
 
 def _open_without_auth(cfg, p):
-    return f"host {cfg.host} is reachable from the network and api_keys is empty" if cfg.host not in _LOOPBACK and not cfg.api_keys else None
+    if cfg.host in _LOOPBACK or cfg.api_keys:
+        return None
+    return f"host {cfg.host} is reachable from the network and api_keys is empty"
 
 
 def _short_timeout(cfg, p):
@@ -194,7 +202,7 @@ def _rank_size(cfg, p):
 
 ASCEND_ONLY = {"ascend": "error", "*": None}
 RULES: list[Rule] = [
-    # -- training (the tutorial's LoRA and mixed-precision rules) ----------------------------------------------
+    # training (the tutorial's LoRA and mixed-precision rules)
     Rule("lora-r-multiple-16", "train", "lora.r", ASCEND_ONLY,
          "the Ascend AI Core vector unit is 16 wide; other ranks pad and waste it (tutorial 3.4)",
          "set lora.r to a multiple of 16, e.g. 64", _lora_r),
@@ -227,7 +235,7 @@ RULES: list[Rule] = [
     Rule("train-dtype-unsupported", "train", "precision", {"*": "error"},
          "the device has no units for this precision; its operators reject such tensors",
          "pick a precision from the profile's compute_dtypes (fp16 on Ascend 310P)", _train_dtype_unsupported),
-    # -- serving ------------------------------------------------------------------------------------------------
+    # serving
     Rule("sparse-kv-ratio-min", "serve", "engine.sparse_kv.ratio", {"*": "warning"},
          "below 0.2 recall on long-document questions collapses (tutorial 3.2: F1 drops off a cliff)",
          "set engine.sparse_kv.ratio to 0.25", _sparse_ratio),
@@ -263,7 +271,7 @@ RULES: list[Rule] = [
     Rule("device-profile-mismatch", "serve", "engine.device", {"*": "info"},
          "the checks assume the profile's device; the engine will run on the configured one",
          "set engine.device to the profile's device kind, or lint against the matching --hardware", _device_mismatch),
-    # -- cluster ------------------------------------------------------------------------------------------------
+    # cluster
     Rule("hccl-whitelist", "cluster", "env.HCCL_WHITELIST_DISABLE", {"ascend": "warning", "*": None},
          "without HCCL_WHITELIST_DISABLE=1 multi-card AllReduce is slow or refused (tutorial 2.1, 5.5)",
          "add HCCL_WHITELIST_DISABLE: 1 to env", _hccl_whitelist),

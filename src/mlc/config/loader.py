@@ -10,6 +10,7 @@ import copy
 import difflib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,16 +119,16 @@ def format_validation_error(label: str, err: ValidationError, schema: type[BaseM
     return "\n".join(dict.fromkeys(lines))
 
 
-def _format_one(label: str, e: dict, schema: type[BaseModel], origin: dict[str, str], data: dict) -> str:
+def _format_one(label: str, e: Mapping[str, Any], schema: type[BaseModel], origin: dict[str, str], data: dict) -> str:
     loc = [str(p) for p in e["loc"]]
     key = ".".join(loc) or "(top level)"
     shown = _shown_key(key, origin)
     field_info, parent = _field_at(schema, loc)
     if e["type"] == "extra_forbidden":
-        allowed = sorted(parent.model_fields) if parent is not None else []
-        hint = difflib.get_close_matches(loc[-1], allowed, n=1)
+        keys = sorted(parent.model_fields) if parent is not None else []
+        hint = difflib.get_close_matches(loc[-1], keys, n=1)
         problem = "unknown key" + (f"; did you mean {'.'.join(loc[:-1] + hint)}?" if hint else "")
-        return f"{label}: {shown}: {problem} (allowed: {', '.join(allowed)})"
+        return f"{label}: {shown}: {problem} (allowed: {', '.join(keys)})"
     problem = e["msg"].removeprefix("Value error, ")
     found, value = get_path(data, key) if loc else (False, None)
     if found and e["type"] != "missing" and not isinstance(value, (dict, list)):
@@ -178,12 +179,13 @@ def _field_at(schema: type[BaseModel], loc: list[str]):
     return info, holder if loc else schema
 
 
-def _allowed(info, e: dict) -> str:
+def _allowed(info, e: Mapping[str, Any]) -> str:
     if e["type"] == "literal_error":
         return ", ".join(str(v) for v in e.get("ctx", {}).get("expected", "").replace("'", "").split(" or "))
     if info is None:
         return ""
-    literals = [v for a in _unwrap(info.annotation) if typing.get_origin(a) is typing.Literal for v in typing.get_args(a)]
+    literals = [v for a in _unwrap(info.annotation) if typing.get_origin(a) is typing.Literal
+                for v in typing.get_args(a)]
     if literals:
         return ", ".join(str(v) for v in literals)
     bounds = []

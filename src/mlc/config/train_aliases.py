@@ -210,7 +210,9 @@ def _dataset_file(name: str, folder: Path, key: str = "dataset") -> str:
 def _lora_target(data: dict, notes: list[str]) -> None:
     """LLaMA-Factory's `lora_target: q_proj,v_proj` (a comma string) or `all` (every linear layer)."""
     lora = data.get("lora")
-    target = lora.get("target_modules") if isinstance(lora, dict) else None
+    if not isinstance(lora, dict):
+        return
+    target = lora.get("target_modules")
     if not isinstance(target, str):
         return
     if target.strip().lower() == "all":
@@ -222,7 +224,9 @@ def _lora_target(data: dict, notes: list[str]) -> None:
 
 def _scheduler(data: dict, notes: list[str]) -> None:
     sched = data.get("lr_schedule")
-    kind = sched.get("type") if isinstance(sched, dict) else None
+    if not isinstance(sched, dict):
+        return
+    kind = sched.get("type")
     if isinstance(kind, str) and kind in SCHEDULER_NAMES:
         sched["type"] = SCHEDULER_NAMES[kind]
         notes.append(f"{kind} -> lr_schedule.type: {sched['type']} (after the warmup)")

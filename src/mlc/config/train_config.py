@@ -121,7 +121,8 @@ class TrainConfig(_Section):
     log_every: int = Field(1, ge=1)
     max_consecutive_bad_steps: int = Field(5, ge=1)
     output_dir: str = "runs/lora"
-    nproc: int = Field(1, ge=1)  # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
+    # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
+    nproc: int = Field(1, ge=1)
     tensor_parallel: int = Field(1, ge=1)  # ranks each copy of the model is split over; tutorial: model_parallel
 
     @model_validator(mode="after")

@@ -44,7 +44,8 @@ def check_packages() -> Check:
         problems.append(f"transformers {transformers.__version__} < 5.2")
     detail = f"torch {torch.__version__}, transformers {transformers.__version__}"
     if problems:
-        return Check("packages", "fail", f"{detail}: {'; '.join(problems)}", "pip install -U 'torch>=2.4' 'transformers>=5.2'")
+        return Check("packages", "fail", f"{detail}: {'; '.join(problems)}",
+                     "pip install -U 'torch>=2.4' 'transformers>=5.2'")
     return Check("packages", "ok", detail)
 
 
@@ -108,7 +109,8 @@ def check_hf_offline(env: dict[str, str] | None = None) -> Check:
     if value.lower() in ("1", "true", "yes", "on"):
         return Check("hf offline", "ok", f"HF_HUB_OFFLINE={value}")
     return Check("hf offline", "warn", "HF_HUB_OFFLINE is not set: transformers may try the network and stall on "
-                 "air-gapped hosts", "export HF_HUB_OFFLINE=1 (mlc reads models from its store and never needs the hub)")
+                 "air-gapped hosts",
+                 "export HF_HUB_OFFLINE=1 (mlc reads models from its store and never needs the hub)")
 
 
 def check_port(port: int, host: str = "127.0.0.1", required: bool = False) -> Check:

@@ -10,14 +10,23 @@ from mlc.doctor.ascend import check_ascend
 from mlc.doctor.check import Check
 from mlc.doctor.config import check_config
 from mlc.doctor.host import (
-    check_cpu, check_cuda, check_disk, check_hf_offline, check_memory, check_packages, check_port, check_python,
+    check_cpu,
+    check_cuda,
+    check_disk,
+    check_hf_offline,
+    check_memory,
+    check_packages,
+    check_port,
+    check_python,
 )
-from mlc.doctor.prompt import check_prompt_file
-from mlc.doctor.store import check_store
-from mlc.doctor.train_log import check_train_log
 
 # the prompt scan that callers of the doctor import from here
-from mlc.doctor.prompt import invisible_characters  # noqa: F401
+from mlc.doctor.prompt import (
+    check_prompt_file,
+    invisible_characters,  # noqa: F401 (re-exported)
+)
+from mlc.doctor.store import check_store
+from mlc.doctor.train_log import check_train_log
 
 
 @dataclass
@@ -34,7 +43,8 @@ class DoctorOptions:
 
 def run_doctor(opts: DoctorOptions) -> list[Check]:
     checks = [check_python(), check_packages(), check_cpu(), check_cuda(), check_ascend(), check_memory(),
-              check_disk(), check_hf_offline(), check_port(opts.port or 8080, opts.host, required=opts.port is not None)]
+              check_disk(), check_hf_offline(),
+              check_port(opts.port or 8080, opts.host, required=opts.port is not None)]
     if opts.verify_store:
         checks += check_store(opts.models)
     if opts.config is not None:

@@ -52,4 +52,5 @@ def check_train_log(path: Path, limit: int = 10) -> Check:
     if records == 0:
         return Check("train log", "warn", f"{path}: no JSON records", "is this a train_log.jsonl?")
     extra = f"; {unreadable} unreadable line(s) (a killed run cuts its last line)" if unreadable else ""
-    return Check("train log", "warn" if unreadable > 1 else "ok", f"{path}: {records} records, all losses finite{extra}")
+    return Check("train log", "warn" if unreadable > 1 else "ok",
+                 f"{path}: {records} records, all losses finite{extra}")

@@ -14,7 +14,8 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from mlc.engine.grammar import GrammarSpec
 from mlc.engine.llm_engine import LLMEngine
@@ -23,15 +24,19 @@ from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import EngineDeadError, EngineStepError, InvalidRequestError, MlcError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 log = logging.getLogger("mlc.engine")
+Delivery = RequestOutput | BaseException  # what a request's queue receives: an output, or why it ended
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, served_name: str | None = None):
+    def __init__(self, engine: LLMEngine, served_name: str | None = None) -> None:
         self._engine = engine
         self.model_name = served_name or engine.model_name  # the name requests use for the base model
-        self._queues: dict[str, asyncio.Queue] = {}
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues: dict[str, asyncio.Queue[Delivery]] = {}
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -42,7 +47,6 @@ class AsyncEngine:
         self._unstarted: dict[str, int] = {}  # request id -> samples, between generate() and the engine taking it
         self._lock = threading.Lock()
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_event_loop()
         self._thread = threading.Thread(target=self._run, name="mlc-engine", daemon=True)
@@ -54,10 +58,10 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    # -- what a client may know and ask -----------------------------------------------------------------------
     @property
-    def tokenizer(self):
-        return self._engine.tokenizer
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        tokenizer: PreTrainedTokenizerBase = self._engine.tokenizer
+        return tokenizer
 
     @property
     def max_seq_len(self) -> int:
@@ -83,7 +87,7 @@ class AsyncEngine:
 
     @property
     def vocab_size(self) -> int:
-        return self._engine.model.config.vocab_size
+        return int(self._engine.model.config.vocab_size)
 
     @property
     def adapter_names(self) -> list[str]:
@@ -96,8 +100,9 @@ class AsyncEngine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._engine.encode(text, add_special_tokens)
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
-                    template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
+                    ) -> tuple[str, list[int]]:
         if tools is None and not template_kwargs:
             return self._engine.chat_prompt(messages, add_generation_prompt)
         from mlc.models.tokenizer import render_chat
@@ -114,8 +119,8 @@ class AsyncEngine:
         self._engine.check_token_ids(ids, field)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                                            clean_up_tokenization_spaces=False)
+        return str(self._engine.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                                clean_up_tokenization_spaces=False))
 
     def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
                  context_source: str = "the context limit") -> None:
@@ -124,7 +129,6 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self._engine.stats()
 
-    # -- requests ----------------------------------------------------------------------------------------------
     def generate(
         self,
         prompt: str | list[int],
@@ -132,14 +136,14 @@ class AsyncEngine:
         request_id: str | None = None,
         adapter_id: int = 0,
         validated: bool = False,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncGenerator[RequestOutput, None]:
         """Queue one request now and return its outputs as they come; `validated`: the caller already ran
         `validate`. A stream closed before its end aborts the request; one never iterated needs `release`."""
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
             raise InvalidRequestError(f"request id {rid!r} is already in use", field="request_id")
         params = params or SamplingParams()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Delivery] = asyncio.Queue()
         self._queues[rid] = q  # before the check below: a dying engine either sees this queue or set its error
         if self.error is not None:
             self._queues.pop(rid, None)
@@ -150,7 +154,7 @@ class AsyncEngine:
         self._wake.set()
         return self._outputs(rid, q)
 
-    async def _outputs(self, rid: str, q: asyncio.Queue) -> AsyncIterator[RequestOutput]:
+    async def _outputs(self, rid: str, q: asyncio.Queue[Delivery]) -> AsyncGenerator[RequestOutput, None]:
         finished = False
         try:
             while True:
@@ -181,8 +185,7 @@ class AsyncEngine:
         self._commands.put(("abort", request_id, reason))
         self._wake.set()
 
-    # -- engine thread -----------------------------------------------------------------------------------------
-    def _deliver(self, rid: str, item) -> None:
+    def _deliver(self, rid: str, item: Delivery) -> None:
         q = self._queues.get(rid)
         if q is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(q.put_nowait, item)
@@ -205,13 +208,14 @@ class AsyncEngine:
                     self._deliver(rid, e)
                 except Exception as e:  # a bug in admission: this request fails, the engine is checked
                     ended = self._engine.fail_requests(e, [rid])
-                    self._deliver(rid, ended[0].error if ended else EngineStepError(
+                    error = ended[0].error if ended else None
+                    self._deliver(rid, error or EngineStepError(
                         f"internal engine error admitting this request ({type(e).__name__}: {e}); retry it"))
             else:
                 try:
-                    final = [self._engine.abort(cmd[1], cmd[2])]
+                    final: list[RequestOutput | None] = [self._engine.abort(cmd[1], cmd[2])]
                 except Exception as e:
-                    final = self._engine.fail_requests(e, [cmd[1]])
+                    final = list(self._engine.fail_requests(e, [cmd[1]]))
                 self._deliver_all(o for o in final if o is not None)  # a waiting consumer sees the request end
                 if final == [None]:
                     self._deliver_lost()
@@ -243,7 +247,7 @@ class AsyncEngine:
                 continue
             self._deliver_all(outputs)
 
-    def _deliver_all(self, outputs) -> None:
+    def _deliver_all(self, outputs: Iterable[RequestOutput]) -> None:
         failed = False
         for out in outputs:  # a request a failed step ended gets its error (the engine repaired itself)
             self._deliver(out.request_id, out.error if out.error is not None else out)

@@ -23,19 +23,23 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
+from mlc.config.engine_config import EngineConfig
 from mlc.errors import ConfigError
-from mlc.layers.attention import build_attention_metadata
+from mlc.layers.attention import AttentionMetadata, build_attention_metadata
 from mlc.layers.attention_op import STEP
+from mlc.layers.kv_store import LayerCache
+from mlc.models.base import CausalLM
 
 log = logging.getLogger("mlc.engine")
 
 COMPILABLE = ("glm", "glm4", "llama")  # architectures whose layers reach their cache only through `attend`
 
 
-def check_compilable(model_type: str, tensor_parallel_size: int, lora_adapters: dict) -> None:
+def check_compilable(model_type: str, tensor_parallel_size: int, lora_adapters: dict[str, str]) -> None:
     """Refuse what the compiled forward does not cover."""
     if model_type not in COMPILABLE:
         raise ConfigError(f"--compile covers the {', '.join(sorted(COMPILABLE))} architectures, not {model_type!r}; "
@@ -49,7 +53,7 @@ def check_compilable(model_type: str, tensor_parallel_size: int, lora_adapters: 
 class CompiledForward:
     """Stands in for `model.forward`: rotary tables eagerly, then the compiled body with attention as an op."""
 
-    def __init__(self, model):
+    def __init__(self, model: CausalLM) -> None:
         self.model = model
         self.eager = model.forward
         self.body = torch.compile(self._body, dynamic=True, fullgraph=True)
@@ -57,16 +61,20 @@ class CompiledForward:
         self.failed: str | None = None
 
     def _body(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        m = self.model.model
+        m: Any = self.model.model  # the architecture's decoder (embed_tokens, layers, norm): nn.Module attributes
         h = m.embed_tokens(input_ids)
         for layer in m.layers:
             h = layer(h, cos, sin, None, None)  # attention reaches its cache and metadata through STEP
-        return m.norm(h)
+        out: torch.Tensor = m.norm(h)
+        return out
 
-    def __call__(self, input_ids, positions, meta, kv_caches=None):
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                 kv_caches: list[LayerCache] | None = None) -> torch.Tensor:
         if self.failed is not None:
             return self.eager(input_ids, positions, meta, kv_caches)
-        cos, sin = self.model.rotary(positions, self.model.model.embed_tokens.weight.dtype)
+        decoder: Any = self.model.model
+        rotary: Any = self.model.rotary
+        cos, sin = rotary(positions, decoder.embed_tokens.weight.dtype)
         for t in (input_ids, cos, sin):
             torch._dynamo.decorators.mark_unbacked(t, 0)  # one graph for every token count, 1 included
         STEP.update(meta=meta, caches=kv_caches)
@@ -86,18 +94,18 @@ class CompiledForward:
         return out
 
 
-def compile_forward(model, config) -> CompiledForward:
+def compile_forward(model: CausalLM, config: EngineConfig) -> CompiledForward:
     """Replace `model.forward` (the engine calls `model(...)`) after checking `config` allows it."""
     check_compilable(getattr(model.config, "model_type", "?"), config.tensor_parallel_size, config.lora_adapters)
-    model.forward = compiled = CompiledForward(model)
+    model.forward = compiled = CompiledForward(model)  # type: ignore[method-assign]  # replaced at run time
     with torch.inference_mode():  # compile now, at load, rather than in the first request (two cache-less tokens)
         ids = torch.zeros(2, dtype=torch.long, device=model.device)
         compiled(ids, torch.arange(2, device=model.device), build_attention_metadata([2], [2], device=model.device))
     return compiled
 
 
-def uncompile(model, why: str) -> None:
+def uncompile(model: CausalLM, why: str) -> None:
     """Back to the eager forward (a LoRA adapter was loaded at run time)."""
     if isinstance(model.forward, CompiledForward):
         log.info("--compile: %s; the forward pass runs eagerly from now on", why)
-        model.forward = model.forward.eager
+        model.forward = model.forward.eager  # type: ignore[method-assign]

@@ -7,11 +7,17 @@ shows text that a stop string later removes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 CONTEXT_TOKENS = 4  # prompt tokens decoded before the output so the first word gets its leading space right
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str], include_stop: bool = False):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int], stop: list[str],
+                 include_stop: bool = False):
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -23,7 +29,7 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
     def add(self, token_id: int) -> None:
         """Take one new output token; sets `stopped` when a stop string appears."""

@@ -11,19 +11,25 @@ matcher on where it appends the sampled token. A step whose batch has no grammar
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
-import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from mlc.errors import EngineStepError, InvalidRequestError
 
+if TYPE_CHECKING:  # llguidance is imported where it is used: a process without a grammar never loads it
+    from llguidance import LLExecutor, LLMatcher, LLTokenizer
+    from llguidance._lib import JsonCompileOptions
+    from transformers import PreTrainedTokenizerBase
+
 # Compact JSON as json.dumps writes it: what models saw in training, and no room to pad with whitespace forever.
-JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_STYLE: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "lark")
 CACHE_SIZE = 256
 
@@ -38,10 +44,10 @@ class GrammarSpec:
     kind: str
     source: str = ""
     strict: bool = True
-    field: str = dataclasses.field(default="response_format", compare=False)  # the request field an error names (not the key)
+    field: str = dataclasses.field(default="response_format", compare=False)  # what an error names; not in the key
 
     @classmethod
-    def json_schema(cls, schema: dict | bool, strict: bool = True) -> GrammarSpec:
+    def json_schema(cls, schema: dict[str, Any] | bool, strict: bool = True) -> GrammarSpec:
         return cls("json_schema", json.dumps(schema, sort_keys=True, ensure_ascii=False), strict)
 
     @classmethod
@@ -52,7 +58,7 @@ class GrammarSpec:
         """This spec as an llguidance grammar (raises ValueError on text that is not even well formed)."""
         import llguidance
 
-        options = {**JSON_STYLE, "lenient": not self.strict}
+        options: JsonCompileOptions = {**JSON_STYLE, "lenient": not self.strict}
         if self.kind == "json_schema":
             return llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=options)
         if self.kind == "json_object":
@@ -72,13 +78,13 @@ class GrammarSpec:
 class Grammar:
     """A compiled grammar; `matcher()` hands each sequence its own copy in the start state."""
 
-    def __init__(self, spec: GrammarSpec, compiled, special_ids: torch.Tensor | None = None):
+    def __init__(self, spec: GrammarSpec, compiled: LLMatcher, special_ids: torch.Tensor | None = None):
         self.spec = spec
         self._compiled = compiled
         self._lock = threading.Lock()
         self.special_ids = special_ids if special_ids is not None else torch.empty(0, dtype=torch.long)
 
-    def matcher(self):
+    def matcher(self) -> LLMatcher:
         with self._lock:
             return self._compiled.deep_copy()
 
@@ -86,7 +92,7 @@ class Grammar:
         return f"Grammar({self.spec.kind}, {self.spec.source[:60]!r})"
 
 
-def llguidance_tokenizer(tokenizer, eos_token_ids: set[int], vocab_size: int):
+def llguidance_tokenizer(tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int], vocab_size: int) -> LLTokenizer:
     """llguidance's view of a transformers fast tokenizer (about a second for a 150k vocabulary: built once)."""
     try:
         import llguidance
@@ -108,20 +114,21 @@ def llguidance_tokenizer(tokenizer, eos_token_ids: set[int], vocab_size: int):
 class GrammarCompiler:
     """Compiles `GrammarSpec`s for one tokenizer, each once: an LRU cache of `CACHE_SIZE` grammars by spec."""
 
-    def __init__(self, tokenizer, eos_token_ids: set[int], vocab_size: int, cache_size: int = CACHE_SIZE):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, eos_token_ids: set[int], vocab_size: int,
+                 cache_size: int = CACHE_SIZE):
         self._hf = tokenizer
         self._eos = set(eos_token_ids)
         self.vocab_size = vocab_size
         self._cache: OrderedDict[GrammarSpec, Grammar] = OrderedDict()
         self._size = cache_size
         self._lock = threading.Lock()
-        self._tokenizer = None
+        self._tokenizer: LLTokenizer | None = None
         self._special_ids: torch.Tensor | None = None
         self.compiled = 0  # grammars built (cache misses)
         self.hits = 0
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> LLTokenizer:
         if self._tokenizer is None:
             self._tokenizer = llguidance_tokenizer(self._hf, self._eos, self.vocab_size)
         return self._tokenizer
@@ -151,7 +158,7 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
             return grammar
 
-    def _build(self, spec: GrammarSpec):
+    def _build(self, spec: GrammarSpec) -> LLMatcher:
         import llguidance
 
         field = spec.field
@@ -173,7 +180,7 @@ class GuidedRow:
 
     row: int
     request_id: str
-    matcher: object
+    matcher: LLMatcher
     special_ids: torch.Tensor
 
 
@@ -182,11 +189,11 @@ class GrammarMasks:
     only reads) and applied to the logits."""
 
     def __init__(self, eos_token_ids: set[int] | None = None):
-        self._executor = None
+        self._executor: LLExecutor | None = None
         self._eos = sorted(eos_token_ids or ())
 
     @staticmethod
-    def _checked(g: GuidedRow):
+    def _checked(g: GuidedRow) -> LLMatcher:
         if g.matcher.is_error():
             raise EngineStepError(f"request {g.request_id}: structured output failed ({g.matcher.get_error()[:200]})")
         return g.matcher
@@ -202,9 +209,8 @@ class GrammarMasks:
         vocab = logits.shape[1]
         words = (vocab + 31) // 32
         bitmask = torch.zeros((len(rows), words), dtype=torch.int32)
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
-        self._executor.unsafe_compute_mask_ptr([(m, k) for k, m in enumerate(matchers)], bitmask.data_ptr(),
+        executor = self._executor = self._executor or llguidance.LLExecutor()
+        executor.unsafe_compute_mask_ptr([(m, k) for k, m in enumerate(matchers)], bitmask.data_ptr(),
                                                words * 4, len(rows))
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :vocab]
         allowed = torch.from_numpy(bits).bool()
@@ -221,7 +227,7 @@ class GrammarMasks:
         logits[index] = masked
 
     @staticmethod
-    def _drop_refused_specials(allowed: torch.Tensor, matchers: list, specials: list[torch.Tensor]) -> None:
+    def _drop_refused_specials(allowed: torch.Tensor, matchers: list[LLMatcher], specials: list[torch.Tensor]) -> None:
         """llguidance may let a text-forced step through an added token (GLM's <think> is one) that its matcher
         then refuses; such tokens leave the mask. Specials in a mask are few (EOS, a tag), so this is cheap."""
         for row, (m, ids) in enumerate(zip(matchers, specials)):
@@ -231,7 +237,7 @@ class GrammarMasks:
                     allowed[row, tid] = False
 
 
-def advance(matcher, token: int) -> None:
+def advance(matcher: LLMatcher, token: int) -> None:
     """A sampled token moves its sequence's matcher on (a token outside the mask leaves it in error, which the next
     step reports for that request alone)."""
     if not matcher.is_stopped():

@@ -8,7 +8,8 @@ from mlc.layers.kv_store import LayerCache
 KVDtype = torch.dtype | str
 """A float dtype (stored as is), or "int8" / "int4" (quantized stores, `mlc.layers.kv_quant`)."""
 
-KV_DTYPE_NAMES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": "int8", "int4": "int4"}
+KV_DTYPE_NAMES: dict[str, KVDtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+                                      "int8": "int8", "int4": "int4"}
 
 
 def kv_dtype(name: str, model_dtype: torch.dtype) -> KVDtype:

@@ -5,48 +5,55 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from mlc.config.engine_config import EngineConfig
+from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.engine.compiled_forward import compile_forward, uncompile
-from mlc.engine.grammar import Grammar, GrammarCompiler, GrammarSpec
-from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
-from mlc.engine.memory import CachePlan, plan_cache
+from mlc.engine.grammar import Grammar, GrammarSpec
+from mlc.engine.kv_cache import KVCache
+from mlc.engine.memory import size_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.output_processor import OutputProcessor
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.page_manager import PageManager
 from mlc.engine.recovery import Recovery
 from mlc.engine.request import Request
+from mlc.engine.request_rules import RequestRules
 from mlc.engine.sampler import Sampler
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import Scheduler, SchedulerOutput
 from mlc.engine.sequence import FinishReason, Sequence
 from mlc.engine.sparse_kv import SparseKV
-from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.errors import (
     CapacityError,
     ConfigError,
-    ContextLengthError,
     EngineDeadError,
     InvalidRequestError,
     ModelNotFoundError,
-    RequestTooLargeError,
 )
 from mlc.layers.lora import LoRAAdapter
+from mlc.models.base import CausalLM
 from mlc.models.loader import describe_weights
 from mlc.models.tokenizer import eos_token_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from mlc.engine.tp_group import TPGroup
 
 log = logging.getLogger("mlc.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, model=None, tokenizer=None, **overrides):
+    def __init__(self, config: EngineConfig | None = None, model: CausalLM | None = None,
+                 tokenizer: PreTrainedTokenizerBase | None = None, **overrides: Any) -> None:
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.tp_group = None
+        self.tp_group: TPGroup | None = None
         if config.tensor_parallel_size > 1:
             from mlc.engine.tp_runner import start_tensor_parallel
 
@@ -64,7 +71,7 @@ class LLMEngine:
         if self.tp_group is not None:
             self.tp_group.shutdown()
 
-    def _build(self, config: EngineConfig, model, tokenizer) -> None:
+    def _build(self, config: EngineConfig, model: CausalLM | None, tokenizer: PreTrainedTokenizerBase | None) -> None:
         if model is None:
             from mlc.models.loader import load_model
 
@@ -79,28 +86,17 @@ class LLMEngine:
         self.model_name = config.model
         context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_seq_len = min(config.max_seq_len or context, context)
-        cache_dtype = self._cache_dtype(config.kv_cache_dtype)
-        spec = model.kv_cache_spec()  # this rank's heads under tensor parallelism: the budget is per rank
+        self.cache_plan, cache_dtype = size_cache(config, model, self.max_seq_len)
         ranks = config.tensor_parallel_size
-        # on a CPU every rank's cache comes out of the same free memory
-        fraction = config.kv_cache_fraction / (ranks if model.device.type == "cpu" else 1)
-        self.cache_plan: CachePlan = plan_cache(
-            KVCache.bytes_per_token_for(spec, cache_dtype), config.page_size, config.kv_cache_memory,
-            fraction, model.device, config.max_batch_size, self.max_seq_len,
-        )
-        if self.cache_plan.num_pages < 2:
-            raise ConfigError(
-                f"kv_cache_memory {config.kv_cache_memory} bytes holds no page of {config.page_size} tokens "
-                f"({self.cache_plan.bytes_per_page} bytes each); raise --kv-cache-memory"
-            )
-        self.kv_cache = KVCache(spec, self.cache_plan.num_pages, config.page_size, cache_dtype, model.device)
+        self.kv_cache = KVCache(model.kv_cache_spec(), self.cache_plan.num_pages, config.page_size, cache_dtype,
+                                model.device)
         self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
         if self.tp_group is not None:  # every rank holds the same pages of its own heads
             from mlc.engine.tp_runner import TPModelRunner
 
             self.tp_group.run("init_cache", lambda *a: None, self.cache_plan.num_pages, config.page_size,
                               config.kv_cache_dtype)
-            self.runner = TPModelRunner(model, self.kv_cache, self.tp_group)
+            self.runner: ModelRunner = TPModelRunner(model, self.kv_cache, self.tp_group)
         else:
             self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv
@@ -120,19 +116,14 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.outputs = OutputProcessor(tokenizer)
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
-        self._grammars: GrammarCompiler | None = None
+        self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
+                                  self.page_manager, self.sparse, config.max_num_batched_tokens)
         self.adapters: dict[str, LoRAAdapter] = {}
         self.adapter_ids: dict[str, int] = {}
         for name, path in config.lora_adapters.items():
             self.add_lora(name, path)
         self.prompt_tokens = 0
         self.generation_tokens = 0
-
-    def _cache_dtype(self, name: str) -> KVDtype:
-        try:
-            return kv_dtype(name, self.model.dtype)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
 
     def add_lora(self, name: str, path: str) -> int:
         """Serve a PEFT LoRA adapter under `name`; requests pick it with `adapter_id`. Returns that id."""
@@ -158,16 +149,14 @@ class LLMEngine:
         return self.adapter_ids[name]
 
     def compile_grammar(self, spec: GrammarSpec) -> Grammar:
-        """`spec` compiled for this model's tokenizer, once per distinct spec (a 400 naming its field when it
-        cannot be); safe from any thread, so a server compiles off its event loop before it adds the request."""
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer, self.eos_ids, self.model.config.vocab_size)
-        return self._grammars.compile(spec)
+        """`spec` compiled for this model's tokenizer (`RequestRules.compile_grammar`): a server compiles off its
+        event loop before it adds the request."""
+        return self.rules.compile_grammar(spec)
 
     def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+    def chat_prompt(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> tuple[str, list[int]]:
         """A conversation under the model's chat template: its text and token ids (the one render-then-tokenize
         path, for the offline API and the server alike)."""
         from mlc.models.tokenizer import render_chat
@@ -176,12 +165,7 @@ class LLMEngine:
         return text, self.encode(text, add_special_tokens=False)
 
     def check_token_ids(self, ids: list[int], field: str) -> None:
-        """Token ids must name tokens of this vocabulary."""
-        vocab = self.model.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                                      field=field)
+        self.rules.check_token_ids(ids, field)
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, adapter_id: int = 0,
@@ -204,41 +188,9 @@ class LLMEngine:
 
     def validate(self, ids: list[int], params: SamplingParams, context: int | None = None,
                  context_source: str = "the context limit") -> None:
-        """Every rule a request must meet here (prompt, vocabulary, context, KV capacity), raised as the error
-        `add_request` would raise, without adding it; safe from any thread. `context` bounds prompt + completion
-        below the model's own limit (a server's context profile)."""
-        if not ids:
-            raise InvalidRequestError("the prompt is empty; send at least one token", field="prompt")
-        self.check_token_ids(ids, "prompt")
-        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
-        vocab = self.model.config.vocab_size
-        if params.top_k > vocab:
-            raise InvalidRequestError(f"top_k={params.top_k} is more than the model's {vocab} tokens; use at most "
-                                      f"{vocab}, or 0 or -1 to turn top_k off", field="top_k")
-        if params.grammar is not None:
-            self.compile_grammar(params.grammar)
-        limit = min(context or self.max_seq_len, self.max_seq_len)
-        if context is None or context >= self.max_seq_len:
-            context_source = f"the context limit of {self.max_seq_len} tokens"
-        room = limit - len(ids)
-        if room < 1:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens, which leaves no room for a completion within "
-                                     f"{context_source}; shorten the prompt", field="prompt")
-        if params.max_new_tokens > room:
-            raise ContextLengthError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds {context_source}; "
-                f"lower max_new_tokens to at most {room}", field="max_new_tokens",
-            )
-        entries = len(ids) + params.max_new_tokens
-        if self.sparse is not None and not params.full_kv:
-            entries = self.sparse.policy.max_entries(entries, self.config.max_num_batched_tokens)
-        need = self.page_manager.pages_for(entries)
-        if need > self.page_manager.usable_pages:
-            raise RequestTooLargeError(
-                f"this request needs {need} KV pages but the cache holds {self.page_manager.usable_pages}; "
-                "raise --kv-cache-memory or shorten the request",
-                field="max_new_tokens",
-            )
+        """Every rule a request must meet (`engine/request_rules.py`), raised as `add_request` would raise it,
+        without adding it; safe from any thread."""
+        self.rules.validate(ids, params, context, context_source)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
@@ -308,7 +260,7 @@ class LLMEngine:
         if sampled:
             results, bad_rows = self.sampler.sample_isolating(step.logits[torch.tensor(rows)], sampled)
             failed.update(bad_rows)
-            kept = [(s, r) for s, r in zip(sampled, results) if s.request_id not in failed]
+            kept = [(s, r) for s, r in zip(sampled, results) if r is not None and s.request_id not in failed]
             self.scheduler.postprocess([s for s, _ in kept], [r for _, r in kept], now)
             self.generation_tokens += len(kept)
             for seq, _ in kept:

@@ -1,4 +1,4 @@
-"""How many KV pages to preallocate from a memory budget."""
+"""How many KV pages to preallocate from a memory budget, and in which dtype."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ from dataclasses import dataclass
 
 import torch
 
+from mlc.config.engine_config import EngineConfig
+from mlc.engine.kv_cache import KVCache, KVDtype, kv_dtype
+from mlc.errors import ConfigError
+from mlc.models.base import CausalLM
+
 
 def available_memory(device: torch.device) -> int:
     """Free bytes on the device (MemAvailable for the CPU)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type == "npu":
-        return int(torch.npu.mem_get_info(device)[0])
+        return int(torch.npu.mem_get_info(device)[0])  # type: ignore[attr-defined]  # torch_npu adds torch.npu
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -73,3 +78,20 @@ def plan_cache(
         pages = min(pages, need_pages)
     batch = max_batch_size or auto_batch_size(int(pages), page_size, max_seq_len)
     return CachePlan(int(pages), bytes_per_token, page_size, int(budget_bytes), capped, batch, max_batch_size is None)
+
+
+def size_cache(config: EngineConfig, model: CausalLM, max_seq_len: int) -> tuple[CachePlan, KVDtype]:
+    """The KV cache `config` asks for on `model`: its plan and dtype. The budget is this rank's (the model's spec is
+    its own heads under tensor parallelism), and on a CPU every rank's cache comes out of the same free memory."""
+    try:
+        cache_dtype = kv_dtype(config.kv_cache_dtype, model.dtype)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    ranks = config.tensor_parallel_size
+    fraction = config.kv_cache_fraction / (ranks if model.device.type == "cpu" else 1)
+    plan = plan_cache(KVCache.bytes_per_token_for(model.kv_cache_spec(), cache_dtype), config.page_size,
+                      config.kv_cache_memory, fraction, model.device, config.max_batch_size, max_seq_len)
+    if plan.num_pages < 2:
+        raise ConfigError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no page of {config.page_size} "
+                          f"tokens ({plan.bytes_per_page} bytes each); raise --kv-cache-memory")
+    return plan, cache_dtype

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from mlc.engine.isolate import one_by_one
-from mlc.engine.page_manager import PageCopy
-from mlc.engine.kv_cache import KVCache
-from mlc.engine.sequence import ScheduledSeq
 from mlc.distributed.state import parallel_scope, parallel_state
+from mlc.engine.isolate import one_by_one
+from mlc.engine.kv_cache import KVCache
+from mlc.engine.page_manager import PageCopy
+from mlc.engine.sequence import ScheduledSeq
 from mlc.errors import EngineDeadError
 from mlc.layers.attention import build_attention_metadata
-from mlc.layers.lora import attach_adapter, lora_rows
+from mlc.layers.lora import LoRAAdapter, attach_adapter, lora_rows
+from mlc.models.base import CausalLM
 
 log = logging.getLogger("mlc.engine")
 
@@ -45,7 +47,7 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: KVCache):
+    def __init__(self, model: CausalLM, kv_cache: KVCache) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.device
@@ -90,9 +92,9 @@ class ModelRunner:
             logits, scored = self.execute(prepare_step(scheduled))
         return StepOutput(logits, scored, scheduled)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str):
+    def attach_adapter(self, adapter_id: int, name: str, path: str) -> LoRAAdapter:
         with parallel_scope(self.parallel):
-            return attach_adapter(self.model, adapter_id, name, path)
+            return attach_adapter(self.model, adapter_id, name, Path(path))
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
@@ -109,9 +111,9 @@ class ModelRunner:
             else hidden.new_empty(0, 0)
         return logits, scored
 
-    def _adapter_rows(self, rows: dict[int, list[int]]) -> dict:
+    def _adapter_rows(self, rows: dict[int, list[int]]) -> dict[int, slice | torch.Tensor]:
         """Each adapter's rows as a slice when they are contiguous, else an index tensor."""
-        out = {}
+        out: dict[int, slice | torch.Tensor] = {}
         for adapter_id, idx in rows.items():
             contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
             out[adapter_id] = slice(idx[0], idx[-1] + 1) if contiguous else torch.tensor(idx, device=self.device)

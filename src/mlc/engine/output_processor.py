@@ -7,15 +7,20 @@ The scheduler owns a sequence's tokens and its end; this module reads them. A st
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mlc.engine.detokenizer import IncrementalDetokenizer
 from mlc.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from mlc.engine.request import Request, Sample
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason, Sequence
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 
 class OutputProcessor:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.requests: dict[str, Request] = {}
         self._by_seq: dict[int, Request] = {}

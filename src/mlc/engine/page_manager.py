@@ -43,7 +43,6 @@ class PageManager:
         self.prefix_queries = 0  # full prompt pages looked up
         self.prefix_hits = 0  # of which found in the cache
 
-    # -- accounting --------------------------------------------------------------------------------------------
     @property
     def usable_pages(self) -> int:
         return self.num_pages - 1
@@ -58,7 +57,6 @@ class PageManager:
     def pages_for(self, num_entries: int) -> int:
         return (num_entries + self.page_size - 1) // self.page_size
 
-    # -- allocation --------------------------------------------------------------------------------------------
     def _take_free(self) -> int:
         if self.free_plain:
             page = self.free_plain.popleft()
@@ -158,7 +156,6 @@ class PageManager:
                 self.hash_to_page[h] = page
                 self.page_key[page] = (h, chunk)
 
-    # -- sparse KV (engine/sparse_kv.py) -------------------------------------------------------------------------
     def num_shared_pages(self, seq: Sequence) -> int:
         """Pages up to and including the last one another sequence also holds: these must not be rewritten."""
         return max((i + 1 for i, page in enumerate(seq.page_table) if self.ref[page] > 1), default=0)
@@ -179,7 +176,6 @@ class PageManager:
         seq.num_cache_entries = num_entries
         return len(tail)
 
-    # -- release -----------------------------------------------------------------------------------------------
     def _release(self, page: int) -> None:
         self.ref[page] -= 1
         if self.ref[page] == 0:

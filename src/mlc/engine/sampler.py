@@ -51,7 +51,8 @@ class Sampler:
         """`self(logits, seqs)`; if that fails, row by row, so that only the requests whose rows fail alone are
         dropped (None results, and why in the dict by request id). Every row failing raises."""
         try:
-            return self(logits, seqs), {}
+            results: list[tuple[int, TokenLogprob | None] | None] = list(self(logits, seqs))
+            return results, {}
         except Exception:
             if len(seqs) == 1:
                 raise
@@ -97,7 +98,7 @@ class Sampler:
         return int(torch.multinomial(probs, 1, generator=gen))
 
     @staticmethod
-    def _logprob(raw, i: int, token: int, s: Sequence) -> TokenLogprob | None:
+    def _logprob(raw: torch.Tensor | None, i: int, token: int, s: Sequence) -> TokenLogprob | None:
         if raw is None or s.params.logprobs is None:
             return None
         entry = TokenLogprob(token, float(raw[i, token]))

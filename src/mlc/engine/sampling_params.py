@@ -31,7 +31,7 @@ class SamplingParams:
     grammar: GrammarSpec | None = None  # structured outputs: what the tokens must follow (compiled by the engine)
     max_tokens: InitVar[int | None] = None  # vLLM's and OpenAI's name for max_new_tokens (read back as .max_tokens)
 
-    def __post_init__(self, max_tokens: int | None = None):
+    def __post_init__(self, max_tokens: int | None = None) -> None:
         if max_tokens is not None:
             default = SamplingParams.__dataclass_fields__["max_new_tokens"].default
             if self.max_new_tokens not in (default, max_tokens):
@@ -79,4 +79,4 @@ def _set_max_tokens(self: SamplingParams, value: int) -> None:
 
 # After the dataclass is built (its __init__ keeps the InitVar's default), so that `params.max_tokens` reads and
 # writes max_new_tokens as vLLM code expects.
-SamplingParams.max_tokens = property(_max_tokens, _set_max_tokens)  # type: ignore[assignment]
+SamplingParams.max_tokens = property(_max_tokens, _set_max_tokens)  # type: ignore[attr-defined]

@@ -6,10 +6,14 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from mlc.engine.grammar import Grammar
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 from mlc.engine.sampling_params import SamplingParams
 
 _ids = itertools.count()
@@ -68,9 +72,9 @@ class Sequence:
     generator: torch.Generator | None = None
     max_len: int | None = None  # prompt + output bound for this sequence
     grammar: Grammar | None = None  # the request's compiled grammar (structured outputs), shared by its samples
-    matcher: object | None = None  # this sequence's own place in it: moved on by the scheduler, read by the sampler
+    matcher: LLMatcher | None = None  # this sequence's own place in it: moved on by the scheduler, read by the sampler
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed + self.sample_index)
         if self.grammar is not None and self.matcher is None:

@@ -100,7 +100,8 @@ class SlotMover(Protocol):
 class SparseKV:
     """Applies the policy to running sequences: moves entries in every cache tensor and releases freed pages.
     `kv_cache` is what moves the entries (`move_slots`): the cache itself, or the engine's model runner, which reaches
-    every tensor-parallel rank's shard. With `kv_cache=None` only the pages are accounted (capacity planning with the real allocator)."""
+    every tensor-parallel rank's shard. With `kv_cache=None` only the pages are accounted (capacity planning with
+    the real allocator)."""
 
     def __init__(self, cfg: SparseKVConfig, page_manager: PageManager, kv_cache: SlotMover | None):
         self.policy = SparseKVPolicy(cfg, page_manager.page_size)

@@ -20,7 +20,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any, NoReturn, TypeVar
+
+import torch
 
 from mlc.distributed.checks import backend_for, rank_device
 from mlc.distributed.state import reset_parallel_state, set_parallel_state
@@ -29,21 +33,24 @@ from mlc.errors import EngineDeadError
 log = logging.getLogger("mlc.engine")
 COLLECTIVE_TIMEOUT_S = 300  # a step whose collectives wait this long has lost a rank
 START_TIMEOUT_S = 120  # for a worker to start its interpreter and call back
+T = TypeVar("T")
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class TPGroup:
-    def __init__(self, size: int, expert_parallel: bool, device, engine_config: dict, threads: int):
+    def __init__(self, size: int, expert_parallel: bool, device: torch.device, engine_config: dict[str, Any],
+                 threads: int) -> None:
         import torch.distributed as dist
 
         self.size, self.expert_parallel = size, expert_parallel
         self.closed = False
-        self.pipes, self.procs = [], []
+        self.pipes: list[Connection] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         port = _free_port()
         token = secrets.token_hex(16)
         server = socket.create_server(("127.0.0.1", 0))
@@ -55,13 +62,14 @@ class TPGroup:
                         "engine": engine_config, "threads": threads, "control": server.getsockname()[1]}
                 self.procs.append(subprocess.Popen([sys.executable, "-m", "mlc.engine.tp_worker", json.dumps(spec)],
                                                    env={**os.environ, "MLC_TP_TOKEN": token}))
-            self.pipes = [None] * (size - 1)
+            by_rank: dict[int, Connection] = {}
             for _ in range(1, size):
                 conn = Connection(self._accept(server).detach())
                 rank, their_token = conn.recv()
                 if not hmac.compare_digest(their_token, token):
                     raise EngineDeadError("a process that is not one of this engine's workers connected")
-                self.pipes[rank - 1] = conn
+                by_rank[rank] = conn
+            self.pipes = [by_rank[rank] for rank in range(1, size)]
         except (OSError, EOFError) as e:
             self.shutdown()
             raise EngineDeadError(f"the tensor-parallel workers did not start ({e})") from None
@@ -71,7 +79,7 @@ class TPGroup:
         try:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=size,
                                     timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                                    **({"device_id": rank_device(device, 0)} if backend != "gloo" else {}))
+                                    device_id=rank_device(device, 0) if backend != "gloo" else None)
         except Exception as e:
             self.shutdown()
             raise EngineDeadError(f"the {size} tensor-parallel ranks could not connect ({e})") from None
@@ -88,10 +96,10 @@ class TPGroup:
             except TimeoutError:
                 for rank, proc in enumerate(self.procs, start=1):
                     if proc.poll() is not None:
-                        raise OSError(f"rank {rank} exited with code {proc.returncode} before it connected")
+                        raise OSError(f"rank {rank} exited with code {proc.returncode} before it connected") from None
         raise OSError(f"a worker did not connect within {START_TIMEOUT_S} s")
 
-    def send(self, method: str, *args) -> None:
+    def send(self, method: str, *args: Any) -> None:
         """Start `method(*args)` on every worker (the driver then runs its own part, and `collect`s)."""
         self.check_alive()
         for rank, (pipe, proc) in enumerate(zip(self.pipes, self.procs), start=1):
@@ -118,7 +126,7 @@ class TPGroup:
                 what = detail if status != "ok" else f"the driver failed alone ({driver_error})"
                 self._dead(f"rank {rank} and the driver disagree on {method}: {what}")
 
-    def run(self, method: str, local, *args):
+    def run(self, method: str, local: Callable[..., T], *args: Any) -> T:
         """`method(*args)` on every rank: the workers' `Worker.<method>` and the driver's `local(*args)`."""
         self.send(method, *args)
         try:
@@ -140,7 +148,7 @@ class TPGroup:
             if proc.poll() is not None:
                 self._dead(f"rank {rank} exited (code {proc.returncode})")
 
-    def _dead(self, why: str):
+    def _dead(self, why: str) -> NoReturn:
         self.shutdown()
         raise EngineDeadError(f"tensor-parallel worker lost: {why}; the engine stops")
 

@@ -7,30 +7,35 @@ import os
 
 import torch
 
-from mlc.engine.tp_group import TPGroup
+from mlc.config.engine_config import EngineConfig
+from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner, StepInputs
+from mlc.engine.page_manager import PageCopy
+from mlc.engine.tp_group import TPGroup
+from mlc.layers.lora import LoRAAdapter
+from mlc.models.base import CausalLM
 
 
 class TPModelRunner(ModelRunner):
-    def __init__(self, model, kv_cache, group: TPGroup):
+    def __init__(self, model: CausalLM, kv_cache: KVCache, group: TPGroup) -> None:
         super().__init__(model, kv_cache)
         self.group = group
 
-    def execute(self, step: StepInputs):
+    def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
         return self.group.run("execute", super().execute, step)
 
-    def apply_copies(self, copies) -> None:
+    def apply_copies(self, copies: list[PageCopy]) -> None:
         if copies:
             self.group.run("apply_copies", super().apply_copies, copies)
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.group.run("move_slots", super().move_slots, src, dst)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str):
+    def attach_adapter(self, adapter_id: int, name: str, path: str) -> LoRAAdapter:
         return self.group.run("attach_adapter", super().attach_adapter, adapter_id, name, str(path))
 
 
-def start_tensor_parallel(config, model):
+def start_tensor_parallel(config: EngineConfig, model: CausalLM | None) -> tuple[CausalLM, TPGroup]:
     """(this rank's model shard, the group) for an engine config asking for more than one rank."""
     from mlc.config.device import resolve_device
     from mlc.distributed.checks import check_tensor_parallel, rank_device

@@ -6,6 +6,15 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from mlc.config.engine_config import EngineConfig
+    from mlc.engine.model_runner import ModelRunner, StepInputs
+    from mlc.engine.page_manager import PageCopy
 
 
 def _die_with_parent() -> None:
@@ -27,11 +36,17 @@ def _die_with_parent() -> None:
 class Worker:
     """What rank r holds: its model shard, and its KV-cache shard once the driver has sized the cache."""
 
-    def __init__(self, config, device):
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
         from mlc.models.loader import load_model
 
         self.model = load_model(config.model, device, config.dtype, config.weight_dtype, verify=False)
-        self.runner = None
+        self._runner: ModelRunner | None = None
+
+    @property
+    def runner(self) -> ModelRunner:
+        if self._runner is None:
+            raise RuntimeError("the driver sent a step before init_cache")
+        return self._runner
 
     def init_cache(self, num_pages: int, page_size: int, kv_cache_dtype: str) -> None:
         from mlc.engine.kv_cache import KVCache, kv_dtype
@@ -39,31 +54,30 @@ class Worker:
 
         dtype = kv_dtype(kv_cache_dtype, self.model.dtype)
         cache = KVCache(self.model.kv_cache_spec(), num_pages, page_size, dtype, self.model.device)
-        self.runner = ModelRunner(self.model, cache)
+        self._runner = ModelRunner(self.model, cache)
 
-    def execute(self, step) -> None:
+    def execute(self, step: StepInputs) -> None:
         self.runner.execute(step)
 
-    def apply_copies(self, copies) -> None:
+    def apply_copies(self, copies: list[PageCopy]) -> None:
         self.runner.apply_copies(copies)
 
-    def move_slots(self, src, dst) -> None:
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.runner.move_slots(src, dst)
 
     def attach_adapter(self, adapter_id: int, name: str, path: str) -> None:
         self.runner.attach_adapter(adapter_id, name, path)
 
 
-def _connect(control_port: int, rank: int):
+def _connect(control_port: int, rank: int) -> Connection:
     import socket
-    from multiprocessing.connection import Connection
 
     conn = Connection(socket.create_connection(("127.0.0.1", control_port)).detach())
     conn.send((rank, os.environ.get("MLC_TP_TOKEN", "")))
     return conn
 
 
-def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict, threads: int,
+def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict[str, Any], threads: int,
                 control: int) -> None:
     _die_with_parent()
     pipe = _connect(control, rank)
@@ -83,7 +97,7 @@ def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: 
     backend = backend_for(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                            **({"device_id": device} if backend != "gloo" else {}))
+                            device_id=device if backend != "gloo" else None)
     set_parallel_state(rank, size, expert_parallel)
     worker = None
     try:

@@ -68,10 +68,6 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.query_lens)
 
-    def last_token_indices(self) -> list[int]:
-        """Flat row of each sequence's last new token (where its next-token logits come from)."""
-        return [s + q - 1 for s, q in zip(self.query_start, self.query_lens)]
-
 
 def _slots_for(page_table: torch.Tensor, start: int, stop: int, page_size: int) -> torch.Tensor:
     idx = torch.arange(start, stop, device=page_table.device)
@@ -216,6 +212,7 @@ def _group_attention(g: AttentionGroup, q, k, v, cache: LayerCache | None, scale
     qg = q[g.tokens].view(g.batch, g.query_len, *q.shape[1:])
     if g.gather_slots is None:
         return _sdpa(qg, k[g.tokens][None], v[g.tokens][None], None, scale, causal=g.query_len > 1)
+    assert cache is not None  # cached context (page tables) comes with the layer's cache
     kg = gather_context(g, cache["k"], k, q.dtype)
     vg = gather_context(g, cache["v"], v, q.dtype)
     return _sdpa(qg, kg, vg, g.mask, scale, causal=False)

@@ -161,7 +161,8 @@ def _build() -> bool:
             log.warning("removing the stale build lock %s (a build interrupted earlier)", lock)
             lock.unlink(missing_ok=True)
         load(name=NAME, sources=[str(p) for p in SOURCES],
-             extra_cflags=[f"-march={_march()}", *FLAGS], extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False, verbose=False)
+             extra_cflags=[f"-march={_march()}", *FLAGS], extra_ldflags=["-fopenmp"], build_directory=str(build),
+             is_python_module=False, verbose=False)
         return True
     except Exception as e:  # no compiler, a read-only home, an unsupported platform: SDPA serves
         lines = str(e).strip().splitlines() or [type(e).__name__]

@@ -92,6 +92,7 @@ class DsaIndexer(nn.Module):
         top = scores.topk(self.topk, dim=-1)
         indices = top.indices
         if g.kind is GroupKind.DECODE and g.batch > 1:
+            assert g.context is not None  # a decode group carries its context lengths
             tied = (scores >= top.values[..., -1:]).sum(-1)[:, 0] > self.topk
             for i in torch.nonzero(tied & (g.context < g.keys) & (g.context > self.topk)).flatten().tolist():
                 indices[i] = scores[i, :, : int(g.context[i])].topk(self.topk, dim=-1).indices

@@ -43,6 +43,7 @@ class Sharding:
         """Rows of shard i from its full tensor (weight or bias); other shapes pass (the shape check reports them)."""
         if self.mode != "col" or t.shape[0] != self.full_shards[i]:
             return t
+        assert self.rows is not None  # a "col" sharding carries its rows
         start, size = self.rows[i]
         return t[start : start + size]
 
@@ -54,6 +55,7 @@ class Sharding:
             return torch.cat([self.shard(i, p) for i, p in enumerate(t.split(self.full_shards, dim=0))])
         if attr == "bias":
             return t if tp_rank() == 0 else torch.zeros_like(t)  # the reduced sum adds rank 0's bias once
+        assert self.cols is not None  # a "row" sharding carries its columns
         start, size = self.cols
         return t[:, start : start + size] if t.dim() == 2 and t.shape[1] == size * tp_size() else t
 

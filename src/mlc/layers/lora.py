@@ -20,7 +20,8 @@ from torch import nn
 
 from mlc.errors import ModelFormatError
 
-_ROWS: contextvars.ContextVar[dict[int, slice | torch.Tensor] | None] = contextvars.ContextVar("lora_rows", default=None)
+_ROWS: contextvars.ContextVar[dict[int, slice | torch.Tensor] | None] = contextvars.ContextVar(
+    "lora_rows", default=None)
 
 
 @contextlib.contextmanager
@@ -81,7 +82,8 @@ def read_adapter(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     path = Path(path).expanduser()
     cfg_file = path / "adapter_config.json"
     if not cfg_file.is_file():
-        raise ModelFormatError(f"{path} is not a PEFT adapter (no adapter_config.json); export one with `mlc-cli export`")
+        raise ModelFormatError(
+            f"{path} is not a PEFT adapter (no adapter_config.json); export one with `mlc-cli export`")
     try:
         cfg = json.loads(cfg_file.read_text())
     except json.JSONDecodeError as e:
@@ -104,10 +106,11 @@ def _check_supported(cfg: dict, path: Path) -> None:
         raise ModelFormatError(f"{path}: peft_type {cfg.get('peft_type')!r} is not LoRA")
     for key, bad in (("use_dora", True), ("fan_in_fan_out", True)):
         if cfg.get(key) == bad:
-            raise ModelFormatError(f"{path}: {key}={bad} adapters are not supported for serving; merge it with `mlc-cli export --merge`")
+            raise ModelFormatError(
+                f"{path}: {key}={bad} adapters are not supported for serving; merge it with `mlc-cli export --merge`")
     if cfg.get("bias", "none") != "none" or cfg.get("modules_to_save"):
-        raise ModelFormatError(f"{path}: adapters with trained biases or modules_to_save are not supported for serving; "
-                               "serve the merged export instead")
+        raise ModelFormatError(f"{path}: adapters with trained biases or modules_to_save are not supported for "
+                               "serving; serve the merged export instead")
 
 
 def attach_adapter(model, adapter_id: int, name: str, path: Path) -> LoRAAdapter:
@@ -140,7 +143,8 @@ def attach_adapter(model, adapter_id: int, name: str, path: Path) -> LoRAAdapter
         module_name = target.param.removesuffix(".weight")
         base = modules.get(module_name)
         if base is None:
-            raise ModelFormatError(f"{path}: {hf_module} does not exist in this model; the adapter was trained for another base")
+            raise ModelFormatError(
+                f"{path}: {hf_module} does not exist in this model; the adapter was trained for another base")
         sizes = getattr(base, "shard_sizes", None) or [base.out_features]
         start = sum(sizes[: target.shard]) if target.shard is not None else 0
         stop = start + (sizes[target.shard] if target.shard is not None else base.out_features)

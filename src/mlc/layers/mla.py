@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlc.distributed.state import reduce_from_tp
 from mlc.layers.attention import AttentionGroup, AttentionMetadata, GroupKind, gather_context, group_mask
 from mlc.layers.dsa import DsaIndexer, Selection, selection_mask
 from mlc.layers.kv_store import LayerCache
-from mlc.distributed.state import reduce_from_tp
 from mlc.layers.linear import Linear, split_evenly
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import apply_rope_deinterleave, rope_parameters
@@ -75,6 +75,7 @@ class MLAttention(nn.Module):
         different keys, so they expand the whole context and mask it."""
         mask = group_mask(g, latent.device)
         if top is not None and g.kind is GroupKind.DECODE:
+            assert g.gather_slots is not None  # a decode group carries its context's cache slots
             pick = top[:, 0]
             return store.gather(g.gather_slots.gather(1, pick), latent.dtype), mask.gather(-1, pick[:, None, None])
         return gather_context(g, store, latent, latent.dtype), selection_mask(top, mask)

@@ -48,6 +48,8 @@ def map_moe_weight_name(name: str, moe_intermediate: int) -> WeightTarget | None
 class TopkRouter(nn.Module):
     """Picks `top_k` experts per token with bias-corrected sigmoid scores, weights them with the uncorrected ones."""
 
+    e_score_correction_bias: torch.Tensor  # a buffer, declared for the type checker
+
     def __init__(self, hidden: int, n_experts: int, top_k: int, n_group: int, topk_group: int,
                  norm_topk_prob: bool, routed_scaling_factor: float):
         super().__init__()
@@ -179,7 +181,8 @@ class SparseMoeBlock(nn.Module):
     """`experts(x) + shared_experts(x)` for flat tokens `x [T, hidden]`."""
 
     def __init__(self, hidden: int, moe_intermediate: int, n_routed_experts: int, top_k: int, n_shared_experts: int,
-                 n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0):
+                 n_group: int = 1, topk_group: int = 1, norm_topk_prob: bool = True,
+                 routed_scaling_factor: float = 1.0):
         super().__init__()
         self.moe_intermediate = moe_intermediate
         self.gate = TopkRouter(hidden, n_routed_experts, top_k, n_group, topk_group, norm_topk_prob,

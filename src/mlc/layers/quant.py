@@ -93,7 +93,9 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
     `head_dtype` quantizes the lm_head differently (a Q4 GGUF keeps its head in Q8_0, and so do we), and
     `head_int8_scheme` gives an int8 head its own scheme."""
     check_options(weight_dtype, group_size, int8_scheme)
-    compute = model.dtype
+    compute = model.dtype  # a CausalLM's (its embedding's)
+    if not isinstance(compute, torch.dtype):
+        raise TypeError(f"{type(model).__name__} has no compute dtype to quantize against")
     target = _FLOATS.get(weight_dtype)
     if weight_dtype == "auto" or target == compute:
         return QuantReport(weight_dtype)
@@ -165,11 +167,14 @@ class _Quantizer:
     def linear(self, name: str, module: nn.Module) -> nn.Module:
         """A Linear, MergedLinear or a tied Embedding (used as a head) -> its quantized stand-in."""
         weight = module.weight
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"{name}: a {type(module).__name__} has no weight matrix to quantize")
         if not self.fits(name, weight.shape[1]):
             return module
         shards = module.shard_sizes if isinstance(module, MergedLinear) else None
         sharding = getattr(module, "tp", None)
-        layer = self.make(name, weight, getattr(module, "bias", None), shards, sharding is not None and sharding.mode == "row")
+        row_parallel = sharding is not None and sharding.mode == "row"
+        layer = self.make(name, weight, getattr(module, "bias", None), shards, row_parallel)
         layer.tp = sharding  # LoRA adapters attached later are cut like the float layer was
         return layer
 

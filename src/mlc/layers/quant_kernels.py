@@ -110,9 +110,8 @@ def dequantize_int4(packed: torch.Tensor, scale_zeros: torch.Tensor, group: int,
     return ((q.reshape(n, k // group, group) - 8) * scale + zero).reshape(n, k).to(dtype)
 
 
-# -- CPU kernels: each probe runs the op once on a tiny input, so a build without it (or a torch that dropped it)
-# -- falls back to the reference path instead of failing mid-request ----------------------------------------------
-
+# CPU kernels: each probe runs the op once on a tiny input, so a build without it (or a torch that dropped it)
+# falls back to the reference path instead of failing mid-request.
 def _works(fn) -> bool:
     try:
         with warnings.catch_warnings():

@@ -19,12 +19,13 @@ from mlc.errors import ModelFormatError
 from mlc.layers import quant_kernels as qk
 from mlc.layers.cpu_kernels import cpu_op
 
-
 _RANGE_PINS = torch.tensor([[1.0, -1.0]])  # appended to every row by Int8Linear's W8A8 (made once, not per call)
 
 
 class QuantizedLinear(nn.Module):
     """What every quantized layer shares with Linear/MergedLinear: shapes, a float bias, `split` of merged rows."""
+
+    bias: torch.Tensor | None  # buffers, declared for the type checker (nn.Module's __getattr__ types them loosely)
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, shard_sizes: list[int] | None):
         super().__init__()
@@ -83,6 +84,9 @@ class Int8Linear(QuantizedLinear):
     Off the CPU they all run the reference path, which is W8A16 in the activation dtype.
     """
 
+    qweight: torch.Tensor
+    scale: torch.Tensor | None  # None under mlc-int8 (the scales are packed into qweight)
+
     def __init__(self, weight, bias=None, shard_sizes=None, scheme: str = "w8a8", use_kernels: bool = True,
                  codes: dict[str, torch.Tensor] | None = None):
         """`codes` ({"qweight", "scale"} as `export_codes` wrote them) skip quantizing; `weight` then only gives
@@ -121,6 +125,7 @@ class Int8Linear(QuantizedLinear):
         if self.kernel == "int8pack-w8a16":
             y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight, self.scale)
             return self._add_bias(y.to(x.dtype))
+        assert self.scale is not None  # every path but mlc-int8's (returned above) keeps its scales apart
         if self.kernel == "int_mm-w8a8":
             codes, row_scale = qk.int8_per_token(x)
             y = torch._int_mm(codes, self.qweight.t()).float() * row_scale * self.scale
@@ -143,6 +148,7 @@ class Int8Linear(QuantizedLinear):
             return qk.dequantize_int8(*qk.unpack_int8_tiles(self.qweight), dtype)
         if self._packed is not None:  # without the two pinning columns
             return torch.ops.quantized.linear_unpack(self._packed)[0].dequantize()[:, : self.in_features].to(dtype)
+        assert self.scale is not None  # only mlc-int8 packs its scales into qweight
         return qk.dequantize_int8(self.qweight, self.scale.float(), dtype)
 
     def weight_bytes(self):
@@ -160,6 +166,9 @@ class Int4Linear(QuantizedLinear):
     int4pack-w4a16: aten._weight_int4pack_mm_for_cpu (bf16 activations, weights widened in the kernel, needs
     out_features % 16 == 0); where the C++ kernels are not built (`MLC_CPU_KERNELS=0`, no compiler).
     """
+
+    qweight: torch.Tensor
+    scale_zeros: torch.Tensor | None  # None under mlc-int4 (the scales are packed into qweight)
 
     def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True,
                  codes: dict[str, torch.Tensor] | None = None):
@@ -191,6 +200,7 @@ class Int4Linear(QuantizedLinear):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), self.qweight, self.group_size,
                                                            self.scale_zeros)
             return self._add_bias(y if x.dtype == torch.bfloat16 else y.to(x.dtype))
+        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
         w = qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, x.dtype)
         return F.linear(x, w, self._bias_like(x))
 
@@ -202,17 +212,21 @@ class Int4Linear(QuantizedLinear):
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size, self.scale_zeros)
             return w.t().to(dtype)
+        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
         return qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, dtype)
 
     def weight_bytes(self):
         if self.kernel == "mlc-int4":  # scales inside
             return self.qweight.numel() + self._bias_bytes()
+        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
         return self.out_features * self.in_features // 2 + self.scale_zeros.numel() * 2 + self._bias_bytes()
 
 
 class HalfLinear(QuantizedLinear):
     """fp16 or bf16 weight storage under fp32 (or any wider) compute. CPU: fp16 runs fbgemm's fp16-weight GEMM
     with fp32 activations; bf16 runs a bf16 GEMM (activations rounded to bf16, fp32 accumulation)."""
+
+    weight_half: torch.Tensor
 
     def __init__(self, weight, bias=None, shard_sizes=None, dtype: torch.dtype = torch.float16,
                  use_kernels: bool = True, codes: dict[str, torch.Tensor] | None = None):

@@ -29,6 +29,8 @@ def rope_parameters(hf_config) -> dict:
 class RotaryEmbedding(nn.Module):
     """Computes (cos, sin) of shape `[T, rot_dim]` for flat positions `[T]`; tables grow on demand."""
 
+    inv_freq: torch.Tensor  # a buffer, declared for the type checker
+
     def __init__(self, hf_config, rot_dim: int, device: torch.device | str | None = None):
         super().__init__()
         params = rope_parameters(hf_config)
@@ -95,7 +97,8 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Convention (B), GLM in-place interleaved pairs (2j, 2j+1) over the first `rot_dim` dims; output stays interleaved."""
+    """Convention (B), GLM in-place interleaved pairs (2j, 2j+1) over the first `rot_dim` dims; output stays
+    interleaved."""
     d = cos.shape[-1]
     c = cos[:, None, : d // 2]
     s = sin[:, None, : d // 2]

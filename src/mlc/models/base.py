@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,9 @@ from mlc.layers.attention import AttentionMetadata, build_attention_metadata
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import MergedLinear, split_evenly
 from mlc.layers.weight_target import WeightTarget
+
+if TYPE_CHECKING:
+    from mlc.layers.quant import QuantReport
 
 
 class Embedding(nn.Module):
@@ -41,12 +46,26 @@ class Embedding(nn.Module):
         return tensor[self.start : self.start + self.rows]
 
 
+class DecoderModel(nn.Module):
+    """The decoder stack a CausalLM wraps (its `model`): what the shared code reads of it."""
+
+    embed_tokens: Embedding
+    layers: nn.ModuleList
+    norm: nn.Module
+
+
 class CausalLM(nn.Module):
     """Engine-facing model. Subclasses build `self.model` and `self.lm_head` and define the cache layout.
 
     forward(input_ids [T], positions [T], meta, kv_caches) -> hidden states [T, hidden]
     compute_logits(hidden [N, hidden]) -> fp32 logits [N, vocab]
     """
+
+    model_dir: Path  # the checkpoint dir it was loaded from (set by models/loader.py)
+    model: DecoderModel
+    lm_head: nn.Module  # a Linear (or its quantized stand-in), or the tied Embedding
+    weight_info: str  # set by models/loader.py where the weights are not the checkpoint's own precision
+    quant_report: QuantReport  # set by models/loader.py where it quantizes
 
     def __init__(self, hf_config):
         super().__init__()
@@ -97,7 +116,7 @@ class CausalLM(nn.Module):
         return {n for n, _ in self.named_parameters()}
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.named_parameters())
+        params: dict[str, torch.Tensor] = dict(self.named_parameters())
         params.update(dict(self.named_buffers()))
         modules = dict(self.named_modules())
         loaded: set[str] = set()

@@ -21,10 +21,15 @@ from pathlib import Path
 import torch
 
 from mlc.errors import ConfigError, ModelFormatError
-from mlc.models.compiled import COMPILED_MANIFEST, FORMAT_VERSION, WEIGHTS_FILE, is_compiled
 
 # the reading side that callers of the compile step import from here
-from mlc.models.compiled import verify_compiled  # noqa: F401
+from mlc.models.compiled import (
+    COMPILED_MANIFEST,
+    FORMAT_VERSION,
+    WEIGHTS_FILE,
+    is_compiled,
+    verify_compiled,  # noqa: F401 (re-exported)
+)
 
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                 "chat_template.jinja", "tokenizer.model")
@@ -64,9 +69,11 @@ def _codes(module) -> tuple[dict, dict[str, torch.Tensor]]:
     record = {"in_features": module.in_features, "out_features": module.out_features,
               "shard_sizes": module.shard_sizes, "bias": module.bias is not None}
     if isinstance(module, Int8Linear):
+        assert module.scale is not None  # the reference path keeps its scales apart from the codes
         record.update(kind="int8", scheme=module.scheme)
         tensors = {"qweight": module.qweight, "scale": module.scale.float()}
     elif isinstance(module, Int4Linear):
+        assert module.scale_zeros is not None  # the reference path keeps its scales apart from the codes
         record.update(kind="int4", group_size=module.group_size)
         tensors = {"qweight": module.qweight, "scale_zeros": module.scale_zeros}
     elif isinstance(module, HalfLinear):

@@ -48,7 +48,7 @@ def install_quantized_layers(net, model_dir: Path, manifest: dict) -> None:
     from safetensors import safe_open
 
     from mlc.layers.quant import _swap
-    from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear
+    from mlc.layers.quant_linear import HalfLinear, Int4Linear, Int8Linear, QuantizedLinear
 
     device = net.device
     with safe_open(str(Path(model_dir) / WEIGHTS_FILE), framework="pt", device=str(device)) as f:
@@ -59,6 +59,7 @@ def install_quantized_layers(net, model_dir: Path, manifest: dict) -> None:
             shape = torch.empty(rec["out_features"], rec["in_features"], device="meta")
             shards = rec["shard_sizes"] if len(rec["shard_sizes"]) > 1 else None
             kind = rec["kind"]
+            layer: QuantizedLinear
             if kind == "int8":
                 layer = Int8Linear(shape, bias, shards, scheme=rec["scheme"], codes=codes)
             elif kind == "int4":

@@ -20,7 +20,7 @@ from mlc.layers.moe import SparseMoeBlock, map_moe_weight_name
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding
 from mlc.layers.weight_target import WeightTarget
-from mlc.models.base import CausalLM, Embedding
+from mlc.models.base import CausalLM, DecoderModel, Embedding
 from mlc.models.llama import map_stacked_name
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -64,8 +64,8 @@ def check_config(cfg) -> None:
 
 def latent_cache_spec(cfg) -> list[dict[str, tuple[int, ...]]]:
     """Per layer the MLA latent (post-norm c | post-RoPE k_rot), plus the indexer key on "full" layers."""
-    latent = {"latent": (cfg.kv_lora_rank + cfg.qk_rope_head_dim,)}
-    index = {"index_k": (cfg.index_head_dim,)}
+    latent: dict[str, tuple[int, ...]] = {"latent": (cfg.kv_lora_rank + cfg.qk_rope_head_dim,)}
+    index: dict[str, tuple[int, ...]] = {"index_k": (cfg.index_head_dim,)}
     return [latent | index if t == "full" else dict(latent) for t in indexer_types_of(cfg)]
 
 
@@ -84,7 +84,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h)), selection
 
 
-class GlmMoeDsaModel(nn.Module):
+class GlmMoeDsaModel(DecoderModel):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)

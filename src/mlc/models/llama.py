@@ -15,7 +15,7 @@ from mlc.layers.mlp import GatedMLP
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_neox_fused, rope_parameters
 from mlc.layers.weight_target import WeightTarget
-from mlc.models.base import CausalLM, Embedding
+from mlc.models.base import CausalLM, DecoderModel, Embedding
 
 # HF projection name -> (our fused module, shard index)
 STACKED = {
@@ -63,6 +63,7 @@ def map_stacked_name(name: str) -> WeightTarget:
 
 class LlamaAttention(nn.Module):
     o_proj_bias: bool | None = None  # None: follows attention_bias (Llama); GLM models never bias o_proj
+    layer_idx: int  # set by the decoder layer that owns it
 
     def __init__(self, cfg):
         super().__init__()
@@ -115,7 +116,7 @@ class LlamaDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(DecoderModel):
     def __init__(self, cfg, layer_cls=LlamaDecoderLayer):
         super().__init__()
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)

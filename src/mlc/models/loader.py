@@ -26,13 +26,14 @@ def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
                           "with --weight-dtype, or serve the source checkpoint")
     if compiled != "auto":
         if weight_dtype not in ("auto", compiled):
-            raise ConfigError(f"{model_dir} is compiled with weight_dtype {compiled}; drop --weight-dtype {weight_dtype} "
-                              "or compile the source checkpoint again")
+            raise ConfigError(f"{model_dir} is compiled with weight_dtype {compiled}; "
+                              f"drop --weight-dtype {weight_dtype} or compile the source checkpoint again")
         install_quantized_layers(net, model_dir, manifest)
         weight_dtype = "auto"
     quantized = tuple(f"{name}." for name in manifest["quantized_layers"])
     with torch.no_grad():
-        net.load_weights((k, v) for k, v in iter_safetensors(safetensors_files(model_dir)) if not k.startswith(quantized))
+        net.load_weights((k, v) for k, v in iter_safetensors(safetensors_files(model_dir))
+                         if not k.startswith(quantized))
     return weight_dtype
 
 
@@ -61,7 +62,7 @@ def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
     mapped = {t: n for t, n in types.items() if t in GGUF_WEIGHT_DTYPES}
     if not mapped:
         return None
-    main = max(mapped, key=mapped.get)
+    main = max(mapped, key=lambda t: mapped[t])
     body = GGUF_WEIGHT_DTYPES[main]
     head = "int8" if body == "int4" and any(GGUF_WEIGHT_DTYPES[t] == "int8" for t in mapped) else None
     shown = ", ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))

@@ -31,11 +31,13 @@ def load_tokenizer(model_dir: str | Path):
 
     model_dir = Path(model_dir)
     if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
-        raise ModelFormatError(f"{model_dir} has no tokenizer.json or tokenizer_config.json; the checkpoint is incomplete")
+        raise ModelFormatError(
+            f"{model_dir} has no tokenizer.json or tokenizer_config.json; the checkpoint is incomplete")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, use_fast=True)
     except Exception as e:  # transformers raises OSError, ValueError or JSON errors for broken tokenizer files
-        raise ModelFormatError(f"the tokenizer in {model_dir} could not be loaded ({e}); re-download the checkpoint") from None
+        raise ModelFormatError(
+            f"the tokenizer in {model_dir} could not be loaded ({e}); re-download the checkpoint") from None
     builtin = builtin_template(_model_type(model_dir))
     if not getattr(tokenizer, "chat_template", None) and builtin is not None:
         tokenizer.chat_template = builtin
@@ -63,7 +65,7 @@ def render_chat(tokenizer, messages: list[dict[str, Any]], add_generation_prompt
 
 def eos_token_ids(model, tokenizer) -> set[int]:
     """Every end-of-sequence id the config, the tokenizer and generation_config name."""
-    ids: set[int] = set()
+    ids: set[object] = set()  # whatever the configs give; only the ints are kept
     for source in (getattr(model.config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
         ids.update(source if isinstance(source, (list, tuple)) else [source])
     gen = getattr(model, "generation_config", None)

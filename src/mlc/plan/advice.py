@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from mlc.config.engine_config import SparseKVConfig
 from mlc.config.hardware import HardwareProfile
-from mlc.plan.model_facts import ModelFacts
-from mlc.plan.layout import evaluate
 from mlc.distributed.checks import fits_tensor_parallel
+from mlc.plan.layout import evaluate
 from mlc.plan.memory import compute_dtype_for
+from mlc.plan.model_facts import ModelFacts
 from mlc.plan.types import Layout, PlanRequest
 
 DEVICE_COUNTS = (1, 2, 4, 8, 16, 32, 64)
@@ -18,15 +18,19 @@ LOSSLESS_TIERS = 3  # native, int8 KV, int8 weights + int8 KV: accuracy close to
 def _tiers(profile: HardwareProfile, compute: str, long_context: bool) -> list[tuple[str, str, float | None]]:
     """(weight dtype, kv dtype, sparse ratio), from the least to the most lossy."""
     native_kv = compute if compute in profile.kv_cache_dtypes else profile.preferred_dtype
-    tiers = [(compute, native_kv, None), (compute, "int8", None), ("int8", "int8", None)]
+    tiers: list[tuple[str, str, float | None]] = [(compute, native_kv, None), (compute, "int8", None),
+                                                  ("int8", "int8", None)]
     if long_context:
         tiers.append(("int8", "int8", SPARSE_RATIO))
-    tiers += [("int4", "int8", SPARSE_RATIO if long_context else None), ("int4", "int4", SPARSE_RATIO if long_context else None)]
+    int4_sparse = SPARSE_RATIO if long_context else None
+    tiers += [("int4", "int8", int4_sparse), ("int4", "int4", int4_sparse)]
     supported = [t for t in tiers if t[0] in profile.weight_dtypes + [compute] and t[1] in profile.kv_cache_dtypes]
     return list(dict.fromkeys(supported))
 
 
-def recommend(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> tuple[Layout | None, str, list[Layout]]:
+def recommend(
+    facts: ModelFacts, profile: HardwareProfile, request: PlanRequest,
+) -> tuple[Layout | None, str, list[Layout]]:
     compute = compute_dtype_for(request, profile)
     long_context = min(request.seq_len, facts.max_context) > SparseKVConfig().min_context
     # device counts whose tensor-parallel part the engine can shard this model over (heads, KV heads, vocabulary,
@@ -53,7 +57,8 @@ def recommend(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest)
         pick = _first(alternatives, lambda a: True, key=lambda a: (a.devices, a.tier))
         reason = "the model does not fit in one node; pipeline parallel across nodes"
     if pick is None:
-        reason = f"nothing fits at batch {request.batch} x {request.seq_len} tokens on up to {DEVICE_COUNTS[-1]} devices"
+        reason = (f"nothing fits at batch {request.batch} x {request.seq_len} tokens "
+                  f"on up to {DEVICE_COUNTS[-1]} devices")
     return pick, reason, alternatives
 
 

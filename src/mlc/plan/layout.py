@@ -7,14 +7,21 @@ import math
 
 from mlc.config.engine_config import SparseKVConfig
 from mlc.config.hardware import HardwareProfile
-from mlc.plan.model_facts import ModelFacts
+from mlc.errors import ConfigError
 from mlc.plan.memory import (
-    RUNTIME_RESERVE, activation_bytes, compute_dtype_for, kv_bytes_per_token, pages_for, resolve_weight_dtype,
-    shard_spec, tokens_kept, weight_bytes,
+    RUNTIME_RESERVE,
+    activation_bytes,
+    compute_dtype_for,
+    kv_bytes_per_token,
+    pages_for,
+    resolve_weight_dtype,
+    shard_spec,
+    tokens_kept,
+    weight_bytes,
 )
+from mlc.plan.model_facts import ModelFacts
 from mlc.plan.speed import decode_speed
 from mlc.plan.types import Layout, PlanRequest
-from mlc.errors import ConfigError
 
 
 def split_devices(devices: int, profile: HardwareProfile, heads: int) -> tuple[int, int]:
@@ -40,7 +47,8 @@ def evaluate(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest, 
     # is split tp ways
     lay.expert_parallel = bool(facts.n_experts) and tp > 1 and facts.n_experts % tp == 0
     lay.weight_bytes = math.ceil(weight_bytes(facts, weight_dtype, compute, request.group_size) / devices)
-    lay.kv_bytes_per_token, lay.kv_bytes_per_token_exact = kv_bytes_per_token(shard_spec(facts.kv_spec, tp, pp), kv_dtype)
+    lay.kv_bytes_per_token, lay.kv_bytes_per_token_exact = kv_bytes_per_token(
+        shard_spec(facts.kv_spec, tp, pp), kv_dtype)
     lay.tokens_per_seq = tokens_kept(seq_len, sparse_ratio, SparseKVConfig(ratio=sparse_ratio or 0.25))
     lay.pages_per_seq = math.ceil(lay.tokens_per_seq / request.page_size)
     lay.reserve_bytes = RUNTIME_RESERVE[profile.device]

@@ -9,10 +9,10 @@ import torch
 
 from mlc.config.engine_config import SparseKVConfig
 from mlc.config.hardware import HardwareProfile
-from mlc.plan.model_facts import ModelFacts
-from mlc.plan.types import PlanRequest
 from mlc.engine.kv_cache import KVCache
 from mlc.errors import ConfigError
+from mlc.plan.model_facts import ModelFacts
+from mlc.plan.types import PlanRequest
 
 FLOAT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from mlc.plan.shapes import SHAPES, hf_config_for, shape_names
 from mlc.errors import ModelFormatError, ModelNotFoundError
 from mlc.models.hf_checkpoint import read_config_json
+from mlc.plan.shapes import SHAPES, hf_config_for, shape_names
 
 # Modules kept in the compute dtype when weights are quantized (lookups, tiny or accuracy-critical matrices).
 _KEEP_UNQUANTIZED = {"lm_head", "embed_tokens", "gate", "weights_proj"}
@@ -21,7 +22,7 @@ class ModelFacts:
     name: str
     source: str  # "built-in shape", or the config.json path
     model_type: str
-    hf_config: object
+    hf_config: Any  # a transformers PretrainedConfig: which fields it has depends on the architecture
     total_params: int
     quantizable_params: int  # linear and expert matrices: what int8/int4 weights shrink
     embedding_params: int  # input embedding rows (read by lookup, not streamed per token)
@@ -84,7 +85,8 @@ def _build_on_meta(hf_config):
     except ModelFormatError:
         raise
     except (TypeError, ValueError, AttributeError) as e:
-        raise ModelFormatError(f"the {hf_config.model_type} architecture cannot be built from this config: {e}") from None
+        raise ModelFormatError(
+            f"the {hf_config.model_type} architecture cannot be built from this config: {e}") from None
 
 
 def _persistent_buffer_bytes(net: torch.nn.Module) -> int:

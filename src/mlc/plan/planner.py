@@ -13,15 +13,14 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from mlc.config.hardware import HardwareProfile
-from mlc.plan.model_facts import ModelFacts
+from mlc.errors import ConfigError
 from mlc.plan.advice import recommend
 from mlc.plan.layout import evaluate
-from mlc.plan.memory import compute_dtype_for
-from mlc.plan.types import PlanRequest, PlanResult
-from mlc.errors import ConfigError
 
 # the sizes callers of the plan import from here
-from mlc.plan.memory import kv_bytes_per_token, weight_bytes  # noqa: F401
+from mlc.plan.memory import compute_dtype_for, kv_bytes_per_token, weight_bytes  # noqa: F401 (re-exported)
+from mlc.plan.model_facts import ModelFacts
+from mlc.plan.types import PlanRequest, PlanResult
 
 
 def plan(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> PlanResult:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mlc.config.hardware import HardwareProfile
-from mlc.plan.model_facts import ModelFacts
 from mlc.plan.memory import FLOAT_BYTES, weight_split
+from mlc.plan.model_facts import ModelFacts
 from mlc.plan.types import Layout
 
 

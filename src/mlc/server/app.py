@@ -61,6 +61,11 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     return app
 
 
+def body_limit_message(limit: int) -> str:
+    return (f"the request body is larger than this server's limit of {limit // 2**20} MiB; send less "
+            "(fewer or shorter prompts)")
+
+
 class BodyLimitMiddleware:
     """A body over `limit` bytes gets a JSON 413 before any of it is parsed: at once when Content-Length says so,
     else as soon as the bytes received pass the limit (Starlette's own limit answers in plain text)."""
@@ -68,8 +73,7 @@ class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, limit: int):
         self.app = app
         self.limit = limit
-        self.message = (f"the request body is larger than this server's limit of {limit // 2**20} MiB; send less "
-                        "(fewer or shorter prompts)")
+        self.message = body_limit_message(limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -98,15 +102,16 @@ def _finish_openapi(app: FastAPI) -> None:
     the stream events' models."""
     build = app.openapi
 
-    def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = build()
+    def openapi() -> dict[str, Any]:
+        schema = app.openapi_schema
+        if schema is None:
+            schema = build()  # FastAPI's: keeps the schema it returns in app.openapi_schema
             for operations in schema["paths"].values():
                 for operation in operations.values():
                     operation["responses"].pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
             add_event_schemas(schema["components"]["schemas"], [GenerateEvent, ChatCompletionChunk])
-        return app.openapi_schema
+        return schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customize the schema

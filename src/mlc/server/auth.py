@@ -43,9 +43,9 @@ def check_authorization(header: str | None, keys: list[str]) -> str | None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return "the Authorization header is not 'Bearer <key>'"
-    token = token.strip().encode()
+    given = token.strip().encode()
     # compare against every key, so the time taken does not reveal which prefix matched
-    ok = [hmac.compare_digest(token, k.encode()) for k in keys]
+    ok = [hmac.compare_digest(given, k.encode()) for k in keys]
     return None if any(ok) else "the key is not one of the server's keys"
 
 

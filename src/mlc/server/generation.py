@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import RequestTimeoutError, ServiceUnavailableError
+from mlc.server.state import loaded_engine, started_loop
 
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput
@@ -42,8 +43,8 @@ class Generation:
         self._pending: asyncio.Future | None = None
         self._gave_up = False  # the engine did not answer an abort within ABORT_GRACE_S (a hung step)
         self._give_up_timer: asyncio.TimerHandle | None = None
-        self._gen = state.engine.generate(prompt_ids, params, request_id, adapter_id, validated=True)
-        self._timer = state.loop.call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
+        self._gen = loaded_engine(state).generate(prompt_ids, params, request_id, adapter_id, validated=True)
+        self._timer = started_loop(state).call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
         state.active.add(self)
 
     @property
@@ -56,8 +57,8 @@ class Generation:
         if self.done or self.stop_reason is not None:
             return
         self.stop_reason = reason
-        self.state.engine.abort(self.request_id, FinishReason(reason))
-        self._give_up_timer = self.state.loop.call_later(ABORT_GRACE_S, self._give_up)
+        loaded_engine(self.state).abort(self.request_id, FinishReason(reason))
+        self._give_up_timer = started_loop(self.state).call_later(ABORT_GRACE_S, self._give_up)
 
     def _give_up(self) -> None:
         if not self.done:
@@ -104,7 +105,7 @@ class Generation:
         self.last = dataclasses.replace(self.last, outputs=outs, finished=True)
         return self.last
 
-    def _refuse_empty(self) -> None:
+    def _refuse_empty(self) -> NoReturn:
         """Stopped before any token: a typed error, never an empty 200."""
         if self.stop_reason == FinishReason.TIMEOUT:
             limit = self.state.config.request_timeout_s
@@ -126,7 +127,7 @@ class Generation:
             self._pending.cancel()
             await asyncio.wait({self._pending})
         await self._gen.aclose()
-        self.state.engine.release(self.request_id, self.done)
+        loaded_engine(self.state).release(self.request_id, self.done)
         self.state.active.discard(self)
         end = time.monotonic()
         if self.last is not None:

@@ -1,5 +1,5 @@
-"""Prompts as the engine takes them: text through the input policy and the tokenizer, chat messages through the
-model's chat template.
+"""Prompts as the engine takes them: text through the input policy and the tokenizer, or token ids checked against
+the vocabulary (chat messages through the template: `chat/messages.py`).
 
 Tokenizing runs on one worker thread (`off_loop`), never on the event loop: a megabyte prompt takes a second to
 tokenize and /health must answer meanwhile. One thread, so the tokenizer is still never used by two threads in a
@@ -13,17 +13,11 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from mlc.errors import ContextLengthError, InvalidRequestError
-from mlc.errors import UnsupportedFeatureError
-from mlc.server.protocol.schemas import ChatMessage
-from mlc.server.state import ServerState
+from mlc.server.state import ServerState, loaded_engine, loaded_token_text
 
-if TYPE_CHECKING:
-    from mlc.server.chat.tools import ToolSetup
-
-ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
 T = TypeVar("T")
 
 _TOKENIZER_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlc-tokenize")
@@ -45,11 +39,12 @@ def check_chars(state: ServerState, chars: int, max_tokens: int | None, field: s
     """Refuse a text that cannot fit `max_tokens` tokens (None: no bound) before any tokenizing."""
     if max_tokens is None:
         return
-    most = max_tokens * state.token_text.longest_piece
+    longest = loaded_token_text(state).longest_piece
+    most = max_tokens * longest
     if chars > most:
         raise ContextLengthError(
             f"{field} has {chars} characters: more than {max_tokens} tokens can hold (at most {most} characters, "
-            f"at {state.token_text.longest_piece} per token); shorten it or ask for a larger context", field=field)
+            f"at {longest} per token); shorten it or ask for a larger context", field=field)
 
 
 def encode(state: ServerState, text: str, field: str, add_special_tokens: bool = True,
@@ -59,103 +54,9 @@ def encode(state: ServerState, text: str, field: str, add_special_tokens: bool =
         raise InvalidRequestError(f"{field} is empty" + (" once invisible characters are removed" if stripped else "")
                                   + "; send some text", field=field)
     check_chars(state, len(clean), max_tokens, field)
-    return Prompt(state.engine.encode(clean, add_special_tokens), clean, stripped)
+    return Prompt(loaded_engine(state).encode(clean, add_special_tokens), clean, stripped)
 
 
 def from_ids(state: ServerState, ids: list[int], field: str) -> Prompt:
-    state.engine.check_token_ids(ids, field)
+    loaded_engine(state).check_token_ids(ids, field)
     return Prompt(list(ids), None)
-
-
-def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list[dict], int]:
-    """Messages as the chat template takes them ({role, content} with text content; an assistant's tool_calls with
-    their arguments as objects; a tool result's tool_call_id and function name), and the characters stripped."""
-    out, stripped = [], 0
-    calls: dict[str, str] = {}  # tool call id -> function name, from earlier assistant messages
-    for i, m in enumerate(messages):
-        field = f"messages[{i}].content"
-        entry: dict = {"role": ROLE_ALIASES.get(m.role, m.role)}
-        if m.tool_calls and m.role != "assistant":
-            raise InvalidRequestError(f"messages[{i}].tool_calls: only assistant messages hold tool calls",
-                                      field=f"messages[{i}].tool_calls")
-        if m.tool_calls:
-            entry["tool_calls"] = _calls(m, i, calls)
-        if m.role == "tool":
-            entry.update(_tool_result(m, i, calls))
-        if m.reasoning_content is not None and m.role == "assistant":
-            entry["reasoning_content"] = m.reasoning_content
-        if m.content is None:
-            if m.tool_calls:
-                out.append({**entry, "content": None})
-                continue
-            raise InvalidRequestError(f"{field} is missing; every message needs text content", field=field)
-        if isinstance(m.content, str):
-            text = m.content
-        else:
-            parts = []
-            for j, part in enumerate(m.content):
-                if part.type == "text" and part.text is None:
-                    raise InvalidRequestError(f"{field}[{j}].text is missing; a text part needs its text",
-                                              field=f"{field}[{j}].text")
-                if part.type != "text":
-                    raise UnsupportedFeatureError(
-                        f"content part type {part.type!r} is not supported; this model reads text parts only",
-                        field=f"{field}[{j}]")
-                parts.append(part.text)
-            text = "".join(parts)
-        clean, n = state.policy.clean(text, field)
-        stripped += n
-        out.append({**entry, "content": clean})
-    _require_text(out, stripped)
-    return out, stripped
-
-
-def _calls(m: ChatMessage, i: int, seen: dict[str, str]) -> list[dict]:
-    from mlc.server.chat.tools import call_arguments
-
-    out = []
-    for j, call in enumerate(m.tool_calls or []):
-        field = f"messages[{i}].tool_calls[{j}].function.arguments"
-        cid = call.id or f"call_{i}_{j}"
-        seen[cid] = call.function.name
-        out.append({"id": cid, "type": "function", "function": {
-            "name": call.function.name, "arguments": call_arguments(call.function.arguments, field)}})
-    return out
-
-
-def _tool_result(m: ChatMessage, i: int, seen: dict[str, str]) -> dict:
-    """A tool message's tool_call_id must answer an earlier call; the function's name comes along for templates
-    that show it."""
-    if m.tool_call_id is None:
-        return {"name": m.name} if m.name else {}
-    if m.tool_call_id not in seen:
-        known = ", ".join(seen) or "none: no earlier assistant message has tool_calls"
-        raise InvalidRequestError(f"messages[{i}].tool_call_id {m.tool_call_id!r} answers no earlier tool call "
-                                  f"(known ids: {known})", field=f"messages[{i}].tool_call_id")
-    return {"tool_call_id": m.tool_call_id, "name": m.name or seen[m.tool_call_id]}
-
-
-def _require_text(conversation: list[dict], stripped: int) -> None:
-    """An empty chat is a 400, as an empty prompt is: no message with text, or an empty last user message."""
-    gone = " once invisible characters are removed" if stripped else ""
-    if not any(m["content"] or m.get("tool_calls") for m in conversation):
-        raise InvalidRequestError(f"every message's content is empty{gone}; send some text", field="messages")
-    users = [i for i, m in enumerate(conversation) if m["role"] == "user"]
-    if users and not conversation[users[-1]]["content"]:
-        field = f"messages[{users[-1]}].content"
-        raise InvalidRequestError(f"{field} is empty{gone}; the last user message needs text", field=field)
-
-
-def render(state: ServerState, messages: list[ChatMessage], add_generation_prompt: bool = True,
-           max_tokens: int | None = None, tools: ToolSetup | None = None,
-           template_kwargs: dict | None = None) -> Prompt:
-    """The prompt of a conversation: tools (if any) rendered as `tools.for_template` decides; `template_kwargs`
-    (the request's chat_template_kwargs) passed to the template."""
-    from mlc.server.chat.tools import for_template
-
-    conversation, stripped = chat_messages(state, messages)
-    check_chars(state, sum(len(m["content"] or "") for m in conversation), max_tokens, "messages")
-    conversation, tool_defs = for_template(conversation, tools)
-    text, ids = state.engine.chat_prompt(conversation, add_generation_prompt, tool_defs, template_kwargs)
-    return Prompt(ids, text, stripped)
-

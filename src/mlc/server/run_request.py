@@ -13,13 +13,13 @@ from fastapi.responses import JSONResponse, Response
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError
-from mlc.server.observability.audit import AuditInfo, audit_info
 from mlc.server.errors import ClientDisconnected, error_body
 from mlc.server.generation import Generation
 from mlc.server.input_policy import STRIPPED_HEADER
+from mlc.server.observability.audit import AuditInfo, audit_info
 from mlc.server.params import Limits, rename_field
-from mlc.server.state import ServerState
 from mlc.server.protocol.streaming import DONE, SSEResponse, sse, until_disconnect
+from mlc.server.state import ServerState, loaded_engine
 
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput
@@ -40,7 +40,7 @@ def validate(state: ServerState, ids: list[int], params: SamplingParams, limits:
     """The engine's checks (vocabulary, the request's context bound, KV capacity), once, as a 4xx before anything
     starts; the engine then takes the request as validated."""
     try:
-        state.engine.validate(ids, params, limits.context, f"{limits.source} of {limits.context} tokens")
+        loaded_engine(state).validate(ids, params, limits.context, f"{limits.source} of {limits.context} tokens")
     except MlcError as e:
         raise rename_field(e, rename) from None
 
@@ -65,6 +65,8 @@ async def _collect(gen: Generation) -> RequestOutput:
     last = None
     while (out := await gen.next()) is not None:
         last = out
+    if last is None:  # the engine's stream always ends with a finished output (or raises)
+        raise RuntimeError(f"request {gen.request_id} ended without any output")
     return last
 
 
@@ -108,9 +110,13 @@ async def stream(request: Request, gen: Generation, render: Callable[[RequestOut
     except BaseException:
         await gen.close()
         raise
+    if first is None:  # the engine's stream always yields a first output (or raises)
+        await gen.close()
+        raise RuntimeError(f"request {gen.request_id} ended without any output")
 
     async def events() -> AsyncIterator[str]:
-        out, last = first, first
+        out: RequestOutput | None = first
+        last = first
         finished = False
         try:
             for chunk in opening or []:

@@ -16,15 +16,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mlc.config.serve_config import ServeConfig
+from mlc.engine.async_engine import AsyncEngine
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
+from mlc.server.input_policy import InputPolicy
 from mlc.server.observability.audit import AuditLog
 from mlc.server.observability.hooks import HookRunner, HooksConfig
-from mlc.server.input_policy import InputPolicy
 from mlc.server.observability.metrics import ServerMetrics
 from mlc.server.token_text import TokenText
-
-from mlc.engine.async_engine import AsyncEngine
 
 if TYPE_CHECKING:
     from mlc.engine.llm_engine import LLMEngine
@@ -68,7 +67,7 @@ class ServerState:
         self._engine_factory = engine_factory
         self._mean_latency = 1.0
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
+    # lifecycle
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.hooks.start()
@@ -89,14 +88,14 @@ class ServerState:
         engine = AsyncEngine(llm, served_name=self.model_id)
         log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
                  time.monotonic() - t0, engine.max_seq_len, engine.num_pages)
-        self.loop.call_soon_threadsafe(self._ready, engine)
+        started_loop(self).call_soon_threadsafe(self._ready, engine)
 
     def _fail(self, message: str, exit_code: int) -> None:
         log.error("cannot serve %s: %s", self.config.engine.model, message)
         self.error, self.exit_code = message, exit_code or 1
         self.status = ERROR
         if self.on_fatal is not None:
-            self.loop.call_soon_threadsafe(self.on_fatal)
+            started_loop(self).call_soon_threadsafe(self.on_fatal)
 
     def _ready(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -129,7 +128,7 @@ class ServerState:
         if self.audit_log is not None:
             self.audit_log.close()
 
-    # -- admission ---------------------------------------------------------------------------------------------
+    # admission
     def require_engine(self) -> None:
         """503 unless the model is loaded and the server is not shutting down."""
         if self.status == LOADING:
@@ -147,7 +146,8 @@ class ServerState:
     def admit(self, weight: int = 1) -> None:
         """Room for a request of `weight` sequences, or 429: at most max_batch_size + max_queue in flight."""
         self.require_engine()
-        room = self.engine.max_batch_size + self.config.max_queue
+        engine = loaded_engine(self)
+        room = engine.max_batch_size + self.config.max_queue
         if weight > room:
             raise RequestTooLargeError(
                 f"n={weight} samples exceed what this server holds at once ({room}: --max-batch-size + "
@@ -155,7 +155,7 @@ class ServerState:
         waiting = self.waiting() + weight
         if waiting > self.config.max_queue:
             self.metrics.count_rejected("queue_full")
-            retry = max(1, min(60, math.ceil(self._mean_latency * waiting / self.engine.max_batch_size)))
+            retry = max(1, min(60, math.ceil(self._mean_latency * waiting / engine.max_batch_size)))
             raise QueueFullError(
                 f"the server queue is full ({self.waiting()} requests waiting, --max-queue "
                 f"{self.config.max_queue}); retry after {retry}s", retry_after=retry)
@@ -167,7 +167,6 @@ class ServerState:
     def note_latency(self, seconds: float) -> None:
         self._mean_latency = 0.8 * self._mean_latency + 0.2 * seconds
 
-    # -- helpers -----------------------------------------------------------------------------------------------
     def stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
 
@@ -180,4 +179,25 @@ class ServerState:
 
     def check_model(self, model: str | None) -> int:
         """The adapter id a request's `model` selects: 0 for the base model, else a served LoRA adapter's."""
-        return self.engine.adapter_id(model)
+        return loaded_engine(self).adapter_id(model)
+
+
+def started_loop(state: ServerState) -> asyncio.AbstractEventLoop:
+    """The server's event loop, once `start` gave it (the loading thread and the requests come after)."""
+    if state.loop is None:
+        raise RuntimeError("the server state is not started")
+    return state.loop
+
+
+def loaded_engine(state: ServerState) -> AsyncEngine:
+    """The engine, where a request got past `require_engine` (once loaded, it stays)."""
+    if state.engine is None:
+        raise RuntimeError("no engine yet: require_engine() lets no request this far")
+    return state.engine
+
+
+def loaded_token_text(state: ServerState) -> TokenText:
+    """The token texts, loaded with the engine (see `loaded_engine`)."""
+    if state.token_text is None:
+        raise RuntimeError("no engine yet: require_engine() lets no request this far")
+    return state.token_text

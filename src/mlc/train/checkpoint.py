@@ -48,7 +48,8 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
     return [p for _, p in sorted(found)]
 
 
@@ -59,6 +60,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
 
 def rng_state() -> dict:
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # legacy=True, the default: numpy's stubs allow its dict form too
     state = {
         "python": random.getstate(),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -144,7 +146,10 @@ def finish_save(tmp: Path, step: int, peft_model, optimizer, scheduler, scaler, 
 
 
 def step_of(path: Path) -> int:
-    return int(_STEP_DIR.match(path.name).group(1))
+    m = _STEP_DIR.match(path.name)
+    if m is None:
+        raise ValueError(f"{path} is not a checkpoint-<step> directory")
+    return int(m.group(1))
 
 
 def _write_manifest(tmp: Path) -> None:
@@ -214,8 +219,9 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: 
         if tp is not None:
             weights = tp.local_state(peft_model, weights)
         result = set_peft_model_state_dict(peft_model, weights)
-        if getattr(result, "unexpected_keys", None):
-            raise TrainingError(f"checkpoint {path} has adapter tensors this model lacks: {result.unexpected_keys[:3]}")
+        unexpected = getattr(result, "unexpected_keys", None)
+        if unexpected:
+            raise TrainingError(f"checkpoint {path} has adapter tensors this model lacks: {unexpected[:3]}")
         opt_file = path / ("optimizer.pt" if tp is None or tp.rank == 0 else f"optimizer-tp{tp.rank}.pt")
         if not opt_file.is_file():
             raise TrainingError(f"checkpoint {path} has no {opt_file.name}; resume with the tensor_parallel it was "
@@ -231,5 +237,6 @@ def load_checkpoint(path: Path, peft_model, optimizer, scheduler, scaler, rank: 
             )
         set_rng_state(torch.load(rng_file, weights_only=True))
     except (OSError, RuntimeError, ValueError, KeyError, EOFError, SafetensorError) as e:
-        raise TrainingError(f"checkpoint {path} could not be restored ({e}); delete it to resume from an older one") from None
+        raise TrainingError(
+            f"checkpoint {path} could not be restored ({e}); delete it to resume from an older one") from None
     return read_state(path)

@@ -15,13 +15,13 @@ from torch.utils.data import DistributedSampler
 from mlc.errors import DataError
 from mlc.train.preprocess import IGNORE_INDEX, PreprocessOptions, load_dataset_rows, pad_token_id, tokenize_file
 
-
 # Preprocess options that change the rows; a preprocessed dir must have been made with the run's values.
 MUST_MATCH = ("max_seq_len", "pad_to_multiple_of", "train_on_prompt", "packing")
 
 
 def load_rows(path: str | Path, tokenizer, opts: PreprocessOptions) -> tuple[list[dict], dict]:
-    """A `mlc-cli preprocess` output dir is read as is (its options must match `opts`); a JSONL file is tokenized now."""
+    """A `mlc-cli preprocess` output dir is read as is (its options must match `opts`); a JSONL file is tokenized
+    now."""
     path = Path(path)
     if path.is_dir():
         rows, stats = load_dataset_rows(path)
@@ -34,8 +34,8 @@ def load_rows(path: str | Path, tokenizer, opts: PreprocessOptions) -> tuple[lis
                 "or point data.train at the JSONL file"
             )
         return rows, stats
-    rows, stats = tokenize_file(path, tokenizer, opts)
-    return rows, asdict(stats)
+    rows, file_stats = tokenize_file(path, tokenizer, opts)
+    return rows, asdict(file_stats)
 
 
 def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
@@ -105,8 +105,9 @@ class StepPlan:
 
     def _epoch_order(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
-            sampler = DistributedSampler(
-                range(self.num_rows), num_replicas=self.world_size, rank=self.rank,
+            sampler: DistributedSampler[int] = DistributedSampler(
+                range(self.num_rows),  # type: ignore[arg-type]  # it only takes len(); torch's stub asks a Dataset
+                num_replicas=self.world_size, rank=self.rank,
                 shuffle=True, seed=self.seed, drop_last=True,
             )
             sampler.set_epoch(epoch)

@@ -53,9 +53,11 @@ def score_rows(net, rows: list[dict], tokenizer, device, dtype, batch_size: int 
 
 
 @torch.no_grad()
-def greedy_answers(net, tokenizer, data: str | Path, n: int, max_new_tokens: int = 160, fmt: str = "auto") -> list[dict]:
+def greedy_answers(
+    net, tokenizer, data: str | Path, n: int, max_new_tokens: int = 160, fmt: str = "auto",
+) -> list[dict]:
     """The model's greedy answers to the first `n` prompts of `data` (transformers' generate)."""
-    samples = []
+    samples: list[dict] = []
     fmt, schema = data_schema(data, fmt)  # a dataset_info.json entry's columns/tags, as the loss reads them
     for record in read_records(data):
         if len(samples) >= n:
@@ -67,8 +69,8 @@ def greedy_answers(net, tokenizer, data: str | Path, n: int, max_new_tokens: int
         prompt = render_chat(tokenizer, messages[:-1], add_generation_prompt=True)
         ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(net.device)
         out = net.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_token_id(tokenizer),
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            use_cache=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_token_id(tokenizer),
         )
         answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         samples.append({"prompt": messages[-2]["content"], "answer": answer, "reference": messages[-1]["content"]})
@@ -86,7 +88,8 @@ def evaluate(
     rows, stats = load_rows(data, tokenizer, opts)
     total, count = score_rows(net, rows, tokenizer, dev, dtype, batch_size, progress)
     loss = total / max(count, 1)
-    shown = greedy_answers(net, tokenizer, data, samples, max_new_tokens, fmt) if samples and Path(data).is_file() else []
+    shown = (greedy_answers(net, tokenizer, data, samples, max_new_tokens, fmt)
+             if samples and Path(data).is_file() else [])
     return EvalResult(
         loss=loss, perplexity=math.exp(min(loss, 50.0)), rows=len(rows), target_tokens=count,
         dropped=len(stats.get("dropped", [])), samples=shown,

@@ -14,7 +14,7 @@ sharegpt) fixes the format, and an alpaca `history` column adds earlier [prompt,
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeGuard
 
 from mlc.config.dataset_info import DEFAULT_SCHEMA, DatasetSchema
 
@@ -41,7 +41,11 @@ def detect_format(record: dict) -> RecordFormat:
     )
 
 
-def _text(record: dict, key: str, required: bool = True) -> str:
+def _is_format(fmt: str) -> TypeGuard[RecordFormat]:
+    return fmt in FORMATS
+
+
+def _text(record: dict, key: str | None, required: bool = True) -> str:
     value = record.get(key)
     if value is None and not required:
         return ""
@@ -169,8 +173,12 @@ def to_messages(record: object, fmt: str = "auto",
         raise RecordError(f"a row must be a JSON object, got {type(record).__name__}")
     if fmt == "auto" and schema.formatting:
         fmt = schema.formatting
-    found = detect_format(record) if fmt == "auto" else fmt
-    if fmt != "auto" and fmt not in FORMATS:
+    found: RecordFormat
+    if fmt == "auto":
+        found = detect_format(record)
+    elif _is_format(fmt):
+        found = fmt
+    else:
         raise RecordError(f"unknown format {fmt!r}; use auto, {', '.join(FORMATS)}")
     if found == "chat":
         if "messages" not in record:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,7 +33,7 @@ def _lm_eval():
 
 def make_lm(llm: LLM, max_length: int | None = None, max_gen_toks: int = 256, batch_size: int = 16):
     """An lm-eval model backed by `llm`."""
-    TemplateLM = _lm_eval()
+    TemplateLM: Any = _lm_eval()  # a base class imported on demand (lm-eval is an optional extra)
 
     class MlcLM(TemplateLM):
         def __init__(self):

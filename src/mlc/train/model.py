@@ -61,7 +61,8 @@ def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32, device:
         raise ModelFormatError(f"{model_dir}: transformers could not load it as a causal LM ({e})") from None
     model.config.use_cache = False  # training and scoring never reuse a cache
     try:
-        return model.to(dev)
+        # transformers wraps `to` with functools.wraps(nn.Module.to), which its type reads as an unbound method
+        return model.to(dev)  # type: ignore[arg-type]
     except RuntimeError as e:
         raise DeviceError(f"could not move the model to {dev}: {e}") from None
 
@@ -83,7 +84,9 @@ def attach_lora(model, lora: LoraSection):
             f"its linear layers are: {', '.join(available)} (aliases: query, key, value, dense)"
         )
     config = LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+        # peft annotates lora_alpha as int; it only scales by lora_alpha / r, and the config allows any alpha > 0
+        r=lora.r, lora_alpha=lora.alpha,  # type: ignore[arg-type]
+        lora_dropout=lora.dropout, target_modules=targets,
         bias="none", task_type="CAUSAL_LM",
     )
     peft_model = get_peft_model(model, config)

@@ -11,9 +11,10 @@ import json
 import os
 import shutil
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Optional
 
 from mlc.config.dataset_info import REQUIRED_COLUMNS, DatasetSchema, schema_for_file
 from mlc.errors import DataError, InvalidRequestError
@@ -219,7 +220,8 @@ def _read_jsonl(path: Path, stats: PreprocessStats, opts: PreprocessOptions, pro
 
 
 def read_records(path: str | Path) -> Iterator[object]:
-    """The parsed rows of a JSONL or JSON-array data file; unreadable lines are left out (tokenize_file reports them)."""
+    """The parsed rows of a JSONL or JSON-array data file; unreadable lines are left out (tokenize_file reports
+    them)."""
     path = Path(path)
     stats = PreprocessStats(source=str(path))
     for _, record in _read_jsonl(path, stats, PreprocessOptions()):
@@ -247,9 +249,10 @@ def data_schema(path: str | Path, fmt: str = "auto") -> tuple[str, DatasetSchema
     return fmt, schema
 
 
-def _check_first_row(schema: DatasetSchema, record: object, path: Path) -> None:
+def _check_first_row(schema: DatasetSchema, record: dict, path: Path) -> None:
     """The keys a dataset_info.json entry says every row has, on the first row: a wrong name fails the file at
     once, not every row one by one."""
+    assert schema.formatting is not None  # the caller checks: only an entry's schema has a formatting
     named = dict(schema.named)
     for kind in REQUIRED_COLUMNS[schema.formatting]:
         key = schema.col(kind)
@@ -260,7 +263,9 @@ def _check_first_row(schema: DatasetSchema, record: object, path: Path) -> None:
                             "key the rows use, or rename that key in the data")
     turns = record.get(schema.col("messages")) if schema.formatting == "sharegpt" else None
     first = turns[0] if isinstance(turns, list) and turns and isinstance(turns[0], dict) else None
-    for tag in ("role_tag", "content_tag") if first is not None else ():
+    if first is None:
+        return
+    for tag in ("role_tag", "content_tag"):
         if schema.tag(tag) not in first:
             raise DataError(f"{path}: {schema.source} reads each turn's {tag.removesuffix('_tag')} from "
                             f"{schema.tag(tag)!r} (tags.{tag}), but the first turn has no such key (its keys: "

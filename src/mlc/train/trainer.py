@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -30,13 +30,21 @@ from mlc.models.tokenizer import load_tokenizer
 from mlc.train import checkpoint as ckpt
 from mlc.train.data import StepPlan, batches_for, collate, load_rows, target_count
 from mlc.train.distributed import (
-    DistInfo, all_reduce_sum, barrier, device_for_rank, init_distributed, shutdown,
+    DistInfo,
+    all_reduce_sum,
+    barrier,
+    device_for_rank,
+    init_distributed,
+    shutdown,
 )
 from mlc.train.logging import ConsoleReporter, TrainLog
 from mlc.train.model import attach_lora, compute_dtype, load_base_model, loss_sum, trainable_parameters
 from mlc.train.plot import plot_loss
 from mlc.train.preprocess import PreprocessOptions, pad_token_id
 from mlc.train.resume import check_resumable, usable_checkpoint
+
+if TYPE_CHECKING:
+    from mlc.train.tensor_parallel import TPTraining
 
 ADAPTER_DIR = "adapter"
 SUMMARY_FILE = "summary.json"
@@ -86,6 +94,11 @@ def build_scheduler(cfg: TrainConfig, optimizer, total_steps: int):
 
 
 class LoRATrainer:
+    tp: TPTraining | None  # set when the model is split (cfg.tensor_parallel > 1)
+    reporter_note: str | None
+    eval_before: float | None
+    resumed_from: int | None
+
     def __init__(self, cfg: TrainConfig, opts: RunOptions | None = None):
         self.cfg = cfg
         self.opts = opts or RunOptions()
@@ -97,7 +110,7 @@ class LoRATrainer:
         self.dtype = compute_dtype(cfg.precision, self.device)
         self.log = TrainLog(self.out)
 
-    # -- set-up -----------------------------------------------------------------------------------------------------
+    # set-up
     def _prepare_output(self) -> None:
         if self.dist.is_main:
             if self.opts.fresh:
@@ -136,7 +149,8 @@ class LoRATrainer:
             self.total_steps = max(1, round((cfg.epochs or 1.0) * self.plan.steps_per_epoch))
 
     def _build_model(self) -> None:
-        base = load_base_model(self.model_dir, self.dtype if self.dtype != torch.float16 else torch.float32, self.device)
+        load_dtype = self.dtype if self.dtype != torch.float16 else torch.float32
+        base = load_base_model(self.model_dir, load_dtype, self.device)
         self.peft_model = attach_lora(base, self.cfg.lora)
         self.peft_model.train()
         self.model = self.peft_model
@@ -201,13 +215,13 @@ class LoRATrainer:
         # Dropout streams differ per rank; set after the adapter's random init so that init is the same everywhere.
         seed_everything(self.cfg.seed + self.dist.data_rank)  # the ranks of one model copy draw the same numbers
         self.skipped = self.consecutive_bad = 0
-        self.eval_before: float | None = None
-        self.resumed_from: int | None = None
+        self.eval_before = None
+        self.resumed_from = None
         self.start_step = self._restore()
         if self.dist.is_main:
             (self.out / "train_config.json").write_text(self.cfg.model_dump_json(indent=2), encoding="utf-8")
 
-    # -- one step ---------------------------------------------------------------------------------------------------
+    # one step
     def _no_sync(self, last: bool):
         if self.dist.data_world > 1 and not last:
             return self.model.no_sync()
@@ -222,7 +236,8 @@ class LoRATrainer:
             dtype=torch.float64,
         )
         targets, tokens = all_reduce_sum(counts, self.dist).tolist()
-        # DDP averages gradients over ranks; multiplying by world_size makes the step's loss the mean over all its tokens.
+        # DDP averages gradients over ranks; multiplying by world_size makes the step's loss the mean over all its
+        # tokens.
         scale = self.dist.data_world / max(targets, 1.0)
         local_sum = torch.zeros((), dtype=torch.float64)
         for i, batch in enumerate(batches):
@@ -281,7 +296,7 @@ class LoRATrainer:
                 f"broken rows; then continue from the last checkpoint with --resume (see {self.log.path})"
             )
 
-    # -- evaluation and saving ---------------------------------------------------------------------------------------
+    # evaluation and saving
     @torch.no_grad()
     def evaluate(self) -> float | None:
         if not self.eval_rows:
@@ -322,8 +337,8 @@ class LoRATrainer:
                 "rows_per_step": self.cfg.rows_per_step(self.dist.data_world), "config": self.cfg.model_dump(),
             }
             ckpt.finish_save(
-                tmp, step, self.peft_model, self.optimizer, self.scheduler, self.scaler, state, self.cfg.keep_checkpoints,
-                adapter,
+                tmp, step, self.peft_model, self.optimizer, self.scheduler, self.scaler, state,
+                self.cfg.keep_checkpoints, adapter,
             )
         barrier(self.dist)
 
@@ -339,7 +354,7 @@ class LoRATrainer:
         barrier(self.dist)
         return final
 
-    # -- the loop ---------------------------------------------------------------------------------------------------
+    # the loop
     def run(self) -> TrainResult:
         try:
             return self._run()

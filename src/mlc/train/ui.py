@@ -15,9 +15,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlc
 from mlc.errors import ConfigError, MlcError
+
+if TYPE_CHECKING:
+    import uvicorn
 from mlc.train.run_view import SUMMARY_FILE, read_run
 
 DEFAULT_PORT = 8090
@@ -35,11 +39,12 @@ def _error(message: str, param: str | None) -> dict:
 
 def build_app(run_dir: str):
     """The UI's routes: the training page, its files, and the run's JSON (any run directory, to compare)."""
+    from urllib.parse import quote
+
     from fastapi import FastAPI, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
     from starlette.exceptions import HTTPException
-    from urllib.parse import quote
 
     app = FastAPI(title="mlc training UI", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -91,7 +96,7 @@ class TrainUI:
         self.sock = _bind(host, port)
         self.port = self.sock.getsockname()[1]
         self.started = time.time()
-        self.server = None
+        self.server: uvicorn.Server | None = None
         self.thread: threading.Thread | None = None
 
     @property

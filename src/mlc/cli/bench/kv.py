@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -106,7 +106,7 @@ def register(bench_app: typer.Typer) -> None:
             budget_bytes = parse_size(budget)
         except ValueError as e:
             raise ConfigError(f"--budget: {e}") from None
-        overrides = dict(
+        overrides: dict[str, Any] = dict(
             model=model, dtypes=parse_list(dtypes, str, "--dtypes"), ratios=parse_list(ratios, float, "--ratios"),
             window=window, min_context=min_context, sink_tokens=sink_tokens, budget_bytes=budget_bytes,
             capacity_context=context, quality=not (no_quality or speed_only), speed=not no_quality,

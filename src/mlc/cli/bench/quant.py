@@ -78,7 +78,7 @@ def _kernels(threads: int | None, stream_mb: int, json_out: Path | None) -> None
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("quant")
     def quant(
-        model: option("model") = "smollm2-135m-instruct",
+        model: Annotated[str, option("model")] = "smollm2-135m-instruct",
         variants: Annotated[str, typer.Option(
             help="Comma-separated: fp32, fp16, bf16, int8 (mixed), int8-w8a8, int8-w8a16, int8-w8a8i (per-token "
             "int8 activations, exact integer GEMM), int4 (g32), int4-g64.")
@@ -89,7 +89,7 @@ def register(bench_app: typer.Typer) -> None:
         quick: Annotated[bool, typer.Option("--quick", help="A few-minute quality subset.")] = False,
         no_quality: Annotated[bool, typer.Option("--no-quality", help="Speed and memory only.")] = False,
         no_peer: Annotated[bool, typer.Option("--no-peer", help="Skip llama.cpp.")] = False,
-        device: option("device") = "cpu",
+        device: Annotated[str, option("device")] = "cpu",
         json_out: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = None,
         plot: Annotated[Path | None, typer.Option(help="Write the memory-vs-quality PNG here.")] = None,
         kernels: Annotated[bool, typer.Option("--kernels", help="Only the kernel micro-benchmark.")] = False,

@@ -64,9 +64,11 @@ def register(bench_app: typer.Typer) -> None:
         concurrency: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,8,32",
         num_prompts: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 32,
         max_tokens: Annotated[int, typer.Option(help="max_tokens per request.")] = 128,
-        dataset: Annotated[str, typer.Option(help="'builtin' or a JSONL file of {prompt} / {messages} rows.")] = "builtin",
+        dataset: Annotated[
+            str, typer.Option(help="'builtin' or a JSONL file of {prompt} / {messages} rows.")] = "builtin",
         model: Annotated[Optional[str], typer.Option(help="Model id; default: the first of /v1/models.")] = None,
-        api_key: Annotated[Optional[str], typer.Option(help="Bearer key; default: $MLC_API_KEY (its first key).")] = None,
+        api_key: Annotated[
+            Optional[str], typer.Option(help="Bearer key; default: $MLC_API_KEY (its first key).")] = None,
         temperature: float = 0.0,
         ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly max_tokens (vLLM/mlc extension).")] = False,
         slo_ttft_ms: Annotated[Optional[float], typer.Option(help="Goodput SLO on time to first token.")] = None,
@@ -87,8 +89,9 @@ def register(bench_app: typer.Typer) -> None:
         from mlc.bench.serve import BenchConfig, run_bench, to_json
 
         key = api_key or next(iter(k.strip() for k in os.environ.get("MLC_API_KEY", "").split(",") if k.strip()), None)
-        cfg = BenchConfig(url=url, concurrency=parse_levels(concurrency), num_prompts=num_prompts, max_tokens=max_tokens,
-                          dataset=dataset, model=model, api_key=key, temperature=temperature, ignore_eos=ignore_eos,
+        cfg = BenchConfig(url=url, concurrency=parse_levels(concurrency), num_prompts=num_prompts,
+                          max_tokens=max_tokens, dataset=dataset, model=model, api_key=key, temperature=temperature,
+                          ignore_eos=ignore_eos,
                           slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, timeout_s=timeout, warmup=warmup,
                           request_rate=request_rate, seed=seed)
         if request_rate is not None and request_rate <= 0:

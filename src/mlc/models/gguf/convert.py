@@ -11,14 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlc.models.gguf.dequant import check_quant_types, quant_type_name
-from mlc.models.gguf.llama_config import generation_config, hf_config
-from mlc.models.gguf.llama_tensors import iter_hf_tensors
-from mlc.models.gguf.reader import GGUFFile, open_gguf
-
 # the reader's and the mapping's names that callers of the converter import from here
-from mlc.models.gguf.dequant import dequantize_tensor  # noqa: F401
-from mlc.models.gguf.llama_tensors import hf_tensor_name, permute_rope_rows, unpermute_rope_rows  # noqa: F401
+from mlc.models.gguf.dequant import (
+    check_quant_types,
+    dequantize_tensor,  # noqa: F401 (re-exported)
+    quant_type_name,
+)
+from mlc.models.gguf.llama_config import generation_config, hf_config
+from mlc.models.gguf.llama_tensors import (
+    hf_tensor_name,  # noqa: F401 (re-exported)
+    iter_hf_tensors,
+    permute_rope_rows,  # noqa: F401 (re-exported)
+    unpermute_rope_rows,  # noqa: F401 (re-exported)
+)
+from mlc.models.gguf.reader import GGUFFile, open_gguf
 
 CONVERTER_VERSION = "1"
 ProgressFn = Callable[[int, int, str], None]

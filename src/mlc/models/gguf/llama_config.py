@@ -40,14 +40,15 @@ def f32_value(x) -> float:
 def _require(gf: GGUFFile, key: str):
     value = gf.arch_key(key)
     if value is None:
-        raise ModelFormatError(f"{gf.path.name}: metadata key {gf.architecture}.{key} is missing; the GGUF is incomplete")
+        raise ModelFormatError(
+            f"{gf.path.name}: metadata key {gf.architecture}.{key} is missing; the GGUF is incomplete")
     return value
 
 
 def _special_ids(gf: GGUFFile) -> dict[str, Any]:
     meta = gf.metadata
-    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-           if meta.get(k) is not None]
+    eos_keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    eos = [meta[k] for k in eos_keys if meta.get(k) is not None]
     eos = list(dict.fromkeys(int(e) for e in eos))
     return {
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),

@@ -42,5 +42,6 @@ def open_gguf(path: str | Path) -> GGUFFile:
         reader = GGUFReader(str(path))
         metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     except Exception as e:  # the reader raises ValueError, IndexError or struct errors on damaged files
-        raise ModelFormatError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); re-download it") from None
+        raise ModelFormatError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); re-download it") from None
     return GGUFFile(path, reader, metadata)

@@ -148,13 +148,13 @@ def byte_level_tokenizer(gf: GGUFFile) -> Tokenizer:
         return tok if set(tok) <= letters else "".join(alphabet[b] for b in tok.encode("utf-8"))
 
     # added tokens keep their literal text in the vocab so that adding them finds their id instead of appending one
-    vocab = {}
+    vocab: dict[str, int] = {}
     for i, (tok, kind) in enumerate(zip(tokens, types)):
         vocab.setdefault(tok if kind in (CONTROL, UNKNOWN, USER_DEFINED) else spell(tok), i)
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, fuse_unk=False, byte_fallback=False))
     tk.pre_tokenizer = BYTE_LEVEL_PRE_TOKENIZERS[pre_name]()
-    tk.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tk.decoder = decoders.ByteLevel()  # the decoder takes no options (keywords given to it were ignored)
     tk.post_processor = _post_processor(gf, tokens, processors.ByteLevel(trim_offsets=False))
     tk.add_special_tokens([t for t in _added_tokens(tokens, types) if t.special])
     tk.add_tokens([t for t in _added_tokens(tokens, types) if not t.special])
@@ -164,7 +164,7 @@ def byte_level_tokenizer(gf: GGUFFile) -> Tokenizer:
 def sentencepiece_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
     """BPE merges implied by a SentencePiece vocabulary: a token splits into two vocabulary pieces, and merges
     rank by the merged token's score (higher first), as SentencePiece's BPE applies them."""
-    ranked = []
+    ranked: list[tuple[float, int, int, str, str]] = []
     for token, score in scores.items():
         splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
         splits.sort(key=lambda p: (vocab[p[0]], vocab[p[1]]))

@@ -6,7 +6,11 @@ from pathlib import Path
 
 from mlc.errors import ModelFormatError, ModelNotFoundError
 from mlc.models.store.hf import (
-    cached_snapshot, check_snapshot, foreign_format_message, looks_like_repo_id, not_in_cache_message,
+    cached_snapshot,
+    check_snapshot,
+    foreign_format_message,
+    looks_like_repo_id,
+    not_in_cache_message,
 )
 from mlc.models.store.paths import is_pulled, looks_like_path, not_pulled_message, store_path
 from mlc.models.store.pulling import pull_gguf

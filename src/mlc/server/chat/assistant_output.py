@@ -104,9 +104,7 @@ def assemble(deltas: list[dict]) -> Reply:
     content = "".join(d.get("content", "") for d in deltas)
     reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
     calls = [{k: v for k, v in c.items() if k != "index"} for d in deltas for c in d.get("tool_calls", [])]
-    if calls and not content.strip():
-        content = None
-    return Reply(content, reasoning or None, calls)
+    return Reply(None if calls and not content.strip() else content, reasoning or None, calls)
 
 
 def finish_reason(reason: str | None, made_calls: bool) -> str | None:

@@ -13,7 +13,7 @@ OPEN, CLOSE = "<think>", "</think>"
 
 def template_reasons(template: str | None) -> bool:
     """Whether a chat template's model writes a reasoning block (it mentions <think>)."""
-    return bool(template) and OPEN in template
+    return template is not None and OPEN in template
 
 
 def starts_inside(prompt_text: str) -> bool:

@@ -10,13 +10,14 @@ from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError
 from mlc.models.tokenizer import RESERVED_TEMPLATE_KWARGS
 from mlc.server.chat.assistant_output import AssistantOutput
-from mlc.server.prompting import Prompt, render
+from mlc.server.chat.messages import render
 from mlc.server.chat.reasoning import ReasoningSplitter, starts_inside, template_reasons
-from mlc.server.protocol.schemas import ChatCompletionRequest
-from mlc.server.state import ServerState
 from mlc.server.chat.structured import compile_grammar, requested_spec
 from mlc.server.chat.tool_grammar import tool_call_grammar
 from mlc.server.chat.tools import ToolSetup, setup_tools
+from mlc.server.prompting import Prompt
+from mlc.server.protocol.schemas import ChatCompletionRequest
+from mlc.server.state import ServerState, loaded_engine
 
 
 @dataclass
@@ -46,14 +47,14 @@ def template_kwargs(body: ChatCompletionRequest) -> dict | None:
 
 
 def plan_chat(state: ServerState, body: ChatCompletionRequest, context: int) -> ChatPlan:
-    template = getattr(state.engine.tokenizer, "chat_template", None)
+    template = getattr(loaded_engine(state).tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else None
     tools = setup_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template,
                         state.config.tool_call_parser)
     prompt = render(state, body.messages, True, context, tools, template_kwargs(body))
     forced = None
     if tools is not None and tools.forced:  # tags that are added tokens must be forced as those tokens
-        forced = tool_call_grammar(tools, state.engine.tokenizer.get_added_vocab())
+        forced = tool_call_grammar(tools, loaded_engine(state).tokenizer.get_added_vocab())
     grammar = compile_grammar(state, requested_spec(body, forced))
     reasons = template_reasons(template)
     return ChatPlan(prompt, tools, grammar, reasons, reasons and starts_inside(prompt.text or ""))

@@ -13,7 +13,7 @@ import json
 from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError
 from mlc.server.protocol.schemas_agent import StructuredFields
-from mlc.server.state import ServerState
+from mlc.server.state import ServerState, loaded_engine
 
 
 def _schema(value, field: str) -> dict | bool:
@@ -91,5 +91,5 @@ def compile_grammar(state: ServerState, spec: tuple[GrammarSpec, str] | None) ->
     if spec is None:
         return None
     named = dataclasses.replace(spec[0], field=spec[1])
-    state.engine.compile_grammar(named)
+    loaded_engine(state).compile_grammar(named)
     return named

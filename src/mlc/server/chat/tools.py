@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass, field
 
 from mlc.errors import InvalidRequestError
-from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
 from mlc.server.chat.tool_parsers import PARSER_NAMES, ToolParser, make_parser
+from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
 
 GENERIC_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -21,8 +21,7 @@ from mlc.server.observability.metrics_history import LatencyWindow, MetricsHisto
 from mlc.server.protocol.responses_doc import AUTH_RESPONSES
 
 if TYPE_CHECKING:
-    from mlc.engine.outputs import EngineStats
-    from mlc.engine.outputs import RequestOutput
+    from mlc.engine.outputs import EngineStats, RequestOutput
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0)

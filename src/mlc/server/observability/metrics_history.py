@@ -85,7 +85,7 @@ class MetricsHistory:
         self.latency = latency
         self.samples: deque[dict] = deque(maxlen=int(HISTORY_S / SAMPLE_INTERVAL_S))
         self._last: tuple[float, EngineStats] | None = None
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Sample on the server's event loop (where /metrics reads the same stats) until the loop closes."""

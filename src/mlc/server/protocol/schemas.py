@@ -46,7 +46,7 @@ TopK = Annotated[int, Field(ge=-1, le=MAX_VOCAB, description="mlc: keep the k mo
 TokenId = Annotated[int, Field(ge=0, description="Below the model's vocabulary size (checked by the server).")]
 
 
-# -- errors, usage ---------------------------------------------------------------------------------------------
+# errors, usage
 class ErrorDetail(BaseModel):
     message: str
     type: str
@@ -87,7 +87,7 @@ class EngineExtensions(Strict):
     context_profile: ContextProfile
 
 
-# -- native API (/generate, the reference tutorial's) -------------------------------------------------------------
+# native API (/generate, the reference tutorial's)
 class GenerateRequest(Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"prompt": "The capital of France is", "max_new_tokens": 8, "temperature": 0}]})
@@ -131,7 +131,7 @@ class GenerateEvent(BaseModel):
     latency_ms: float | None = None
 
 
-# -- OpenAI-compatible -----------------------------------------------------------------------------------------------
+# OpenAI-compatible
 class OpenAIRequest(EngineExtensions):
     model: str | None = Field(None, description="The served model id (see /v1/models); default: that one.")
     temperature: Temperature = 1.0
@@ -323,7 +323,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# -- tokenize -----------------------------------------------------------------------------------------------------
+# tokenize
 class TokenizeRequest(Strict):
     model_config = ConfigDict(json_schema_extra={
         "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
@@ -359,7 +359,7 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-# -- health -------------------------------------------------------------------------------------------------------
+# health
 class HealthResponse(BaseModel):
     status: Literal["loading", "healthy", "ready", "alive", "draining", "error"]
     message: str | None = None

@@ -16,7 +16,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-# -- tools ------------------------------------------------------------------------------------------------------------
+# tools
 class FunctionDef(Strict):
     name: FunctionName
     description: str | None = Field(None, max_length=100_000)
@@ -66,7 +66,7 @@ class ToolCallOut(BaseModel):
     function: FunctionCallOut
 
 
-# -- structured outputs ---------------------------------------------------------------------------------------------
+# structured outputs
 class JsonSchemaFormat(Strict):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 

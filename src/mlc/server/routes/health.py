@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from mlc.server.run_request import get_state
 from mlc.server.protocol.schemas import HealthResponse
+from mlc.server.run_request import get_state
 from mlc.server.state import DRAINING, ERROR, HEALTHY, LOADING
 
 router = APIRouter(tags=["health"])
 
-NOT_READY = {503: {"model": HealthResponse, "description": "loading, draining (shutting down) or error"}}
+NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {"model": HealthResponse, "description": "loading, draining (shutting down) or error"}}
 
 
 def _answer(status: str, ok: str, message: str | None = None) -> JSONResponse:
@@ -39,7 +42,7 @@ async def ready(request: Request):
             summary="Liveness: 200 while the process works, loading included")
 async def live(request: Request):
     state = get_state(request)
-    dead = state.status == ERROR or (state.engine is not None and state.engine.error is not None)
-    if dead:
-        return _answer(ERROR, "alive", state.error or str(state.engine.error))
+    engine_error = state.engine.error if state.engine is not None else None
+    if state.status == ERROR or engine_error is not None:
+        return _answer(ERROR, "alive", state.error or str(engine_error))
     return _answer(HEALTHY, "alive") if state.status in (LOADING, HEALTHY, DRAINING) else _answer(ERROR, "alive")

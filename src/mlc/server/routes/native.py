@@ -7,12 +7,13 @@ import time
 from fastapi import APIRouter, Request, Security
 
 from mlc.server import run_request as rr
-from mlc.server.observability.audit import audit_info
 from mlc.server.auth import bearer_scheme
+from mlc.server.observability.audit import audit_info
 from mlc.server.params import completion_budget, resolve_context, sampling_params, stop_list
 from mlc.server.prompting import encode, off_loop
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.protocol.schemas import GenerateEvent, GenerateRequest, GenerateResponse, Usage
+from mlc.server.state import loaded_engine
 
 router = APIRouter(tags=["native"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
@@ -29,7 +30,8 @@ async def generate(body: GenerateRequest, request: Request):
     state = rr.get_state(request)
     info = audit_info(request.scope)
     state.require_engine()
-    limits = resolve_context(state.config, state.engine.max_seq_len, body.context_length, body.context_profile)
+    limits = resolve_context(state.config, loaded_engine(state).max_seq_len, body.context_length,
+                             body.context_profile)
     prompt = await off_loop(encode, state, body.prompt, "prompt", True, limits.context)
     budget = completion_budget(len(prompt.ids), body.max_new_tokens, limits, state.config.default_max_tokens)
     params = sampling_params({}, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p,

@@ -7,23 +7,36 @@ from fastapi import APIRouter, Request, Security
 from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError, UnsupportedFeatureError
 from mlc.server import run_request as rr
-from mlc.server.chat.assistant_output import finish_reason
-from mlc.server.observability.audit import audit_info
 from mlc.server.auth import bearer_scheme
+from mlc.server.chat.assistant_output import finish_reason
 from mlc.server.chat.request import plan_chat
-from mlc.server.protocol.openai_format import (
-    ChatStream, CompletionStream, chat_logprobs, completion_logprobs, sorted_outputs, usage_of,
-)
+from mlc.server.chat.structured import compile_grammar, requested_spec
+from mlc.server.observability.audit import audit_info
 from mlc.server.params import Limits, completion_budget, resolve_context, sampling_params, stop_list
 from mlc.server.prompting import Prompt, encode, from_ids, off_loop
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.protocol.schemas import (
-    AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, CompletionChoice,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
     CompletionRequest,
-    CompletionResponse, ModelCard, ModelList, OpenAIRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+    OpenAIRequest,
 )
-from mlc.server.state import ServerState
-from mlc.server.chat.structured import compile_grammar, requested_spec
+from mlc.server.routes.openai_format import (
+    ChatStream,
+    CompletionStream,
+    chat_logprobs,
+    completion_logprobs,
+    sorted_outputs,
+    usage_of,
+)
+from mlc.server.state import ServerState, loaded_engine
 
 router = APIRouter(tags=["OpenAI-compatible"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
@@ -32,9 +45,10 @@ router = APIRouter(tags=["OpenAI-compatible"], dependencies=[Security(bearer_sch
 async def list_models(request: Request):
     state = rr.get_state(request)
     state.require_engine()
-    names = [state.model_id, *state.engine.adapter_names]  # the base model, then its LoRA adapters
-    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=state.engine.max_seq_len,
-                                     weights=state.engine.weights) for n in names])
+    engine = loaded_engine(state)
+    names = [state.model_id, *engine.adapter_names]  # the base model, then its LoRA adapters
+    return ModelList(data=[ModelCard(id=n, created=state.created, max_model_len=engine.max_seq_len,
+                                     weights=engine.weights) for n in names])
 
 
 def _begin(body: OpenAIRequest, request: Request):
@@ -51,7 +65,7 @@ def _refuse_unsupported(body: OpenAIRequest) -> None:
 
 
 def _limits(state: ServerState, body: OpenAIRequest) -> Limits:
-    return resolve_context(state.config, state.engine.max_seq_len, body.context_length, body.context_profile)
+    return resolve_context(state.config, loaded_engine(state).max_seq_len, body.context_length, body.context_profile)
 
 
 def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Limits, max_tokens: int | None,
@@ -111,8 +125,8 @@ async def completions(body: CompletionRequest, request: Request):
     gens = await rr.start(state, rid, jobs, adapter_id)
     headers = rr.headers_for(rid, stripped)
     tt = state.token_text
-    echoes = [(p.text if p.text is not None else state.engine.decode(p.ids, skip_special_tokens=False)) if body.echo else None
-              for p in prompts]
+    echoes = [(p.text if p.text is not None else state.engine.decode(p.ids, skip_special_tokens=False))
+              if body.echo else None for p in prompts]
     if body.stream:
         fmt = CompletionStream(rid, state.created_now(), model_name, tt, body.logprobs, body.n,
                                bool(body.stream_options and body.stream_options.include_usage), echoes[0])
@@ -185,8 +199,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         reply = plan.output().reply(o.text)
         message = AssistantMessage(content=reply.content, reasoning_content=reply.reasoning,
                                    tool_calls=reply.calls or None)
-        logprobs = chat_logprobs(o.logprobs or [], tt) if body.logprobs else None
-        choices.append(ChatChoice(index=o.index, message=message, logprobs=logprobs,
+        choice_logprobs = chat_logprobs(o.logprobs or [], tt) if body.logprobs else None
+        choices.append(ChatChoice(index=o.index, message=message, logprobs=choice_logprobs,
                                   finish_reason=finish_reason(o.finish_reason, bool(reply.calls))))
     resp = ChatCompletionResponse(id=rid, created=state.created_now(), model=model_name, choices=choices,
                                   usage=usage_of(outs), stripped_chars=prompt.stripped)

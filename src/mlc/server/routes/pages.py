@@ -18,10 +18,10 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from mlc.server.auth import bearer_scheme
-from mlc.server.routes.dashboard import MetricsSnapshot, snapshot
 from mlc.server.protocol.responses_doc import AUTH_RESPONSES
-from mlc.server.run_request import get_state
 from mlc.server.protocol.schemas import ErrorResponse
+from mlc.server.routes.dashboard import MetricsSnapshot, snapshot
+from mlc.server.run_request import get_state
 
 STATIC_DIR = Path(__file__).parents[1] / "static"  # mlc/server/static
 STATIC_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(?:js|css|html|svg|png|ico)$")

@@ -9,12 +9,14 @@ from fastapi import APIRouter, Request, Security
 
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
-from mlc.server.observability.audit import audit_info
 from mlc.server.auth import bearer_scheme
+from mlc.server.chat.messages import render
 from mlc.server.input_policy import STRIPPED_HEADER
-from mlc.server.prompting import encode, from_ids, off_loop, render
+from mlc.server.observability.audit import audit_info
+from mlc.server.prompting import encode, from_ids, off_loop
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES
 from mlc.server.protocol.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from mlc.server.state import loaded_engine, loaded_token_text
 
 router = APIRouter(tags=["tokenizer"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
@@ -33,8 +35,8 @@ async def tokenize(body: TokenizeRequest, request: Request):
         prompt = await off_loop(render, state, body.messages, body.add_generation_prompt)
     info = audit_info(request.scope)
     info.prompt_tokens, info.stripped_chars = len(prompt.ids), prompt.stripped
-    strs = [state.token_text.text(t) for t in prompt.ids] if body.return_token_strs else None
-    resp = TokenizeResponse(tokens=prompt.ids, count=len(prompt.ids), max_model_len=state.engine.max_seq_len,
+    strs = [loaded_token_text(state).text(t) for t in prompt.ids] if body.return_token_strs else None
+    resp = TokenizeResponse(tokens=prompt.ids, count=len(prompt.ids), max_model_len=loaded_engine(state).max_seq_len,
                             token_strs=strs, stripped_chars=prompt.stripped)
     return rr.json_response(resp, {STRIPPED_HEADER: str(prompt.stripped)})
 
@@ -45,6 +47,6 @@ async def detokenize(body: DetokenizeRequest, request: Request):
     state.require_engine()
     state.check_model(body.model)
     ids = from_ids(state, body.tokens, "tokens").ids
-    text = state.engine.decode(ids, skip_special_tokens=False)
+    text = loaded_engine(state).decode(ids, skip_special_tokens=False)
     audit_info(request.scope).prompt_tokens = len(ids)
     return DetokenizeResponse(prompt=text)

@@ -1,12 +1,14 @@
 """post_inference hooks as operators write them: a shell line runs as written; request data reaches it only on stdin
 and in MLC_* metadata variables, so text in a prompt never runs. The argv form, the timeout, the concurrency limit
-and failure logging stay."""
+and failure logging stay; failures are counted, never raised; the reference tutorial's section 6 line runs as
+written."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import textwrap
 import time
 
 import pytest
@@ -113,3 +115,24 @@ def test_concurrency_limit(tmp_path):
 def test_concurrency_bounds(bad):
     with pytest.raises(ValueError):
         HooksConfig(post_inference="true", max_concurrent=bad)
+
+
+def test_hook_failures_are_counted_not_raised(tmp_path):
+    runner = HookRunner(HooksConfig(post_inference=[["/nonexistent/hook"]], timeout_s=5))
+    assert runner.run_one(["/nonexistent/hook"], b"{}") is False
+    assert runner.run_one([sys.executable, "-c", "import sys; sys.exit(3)"], b"{}") is False
+    assert runner.run_one([sys.executable, "-c", "import sys; sys.stdin.read()"], b"{}") is True
+    assert runner.failures == 2 and runner.runs == 3
+
+
+# the reference tutorial's section 6 hook line (its other lines: tests/unit/test_tutorial_fidelity.py)
+def test_section_6_hook_line_is_accepted_and_runs_as_written(tmp_path):
+    log = tmp_path / "logs/inference_audit.log"
+    log.parent.mkdir()
+    line = f"echo 'Inference done at $(date)' >> {log}"  # the tutorial's, with /workspace/logs -> tmp
+    config = HooksConfig(**__import__("yaml").safe_load(textwrap.dedent(f'''
+        post_inference: "{line}"
+    ''')))
+    assert config.post_inference == [line]
+    assert HookRunner(config).run_one(line, b"{}") is True
+    assert log.read_text() == "Inference done at $(date)\n"  # single quotes: sh prints it literally

@@ -5,7 +5,6 @@ CPU weight layouts crash at start on some AMX CPUs)."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

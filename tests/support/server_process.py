@@ -73,7 +73,7 @@ class ServerProcess:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         """`with ServerProcess(...) as srv:` waits until it is healthy and terminates it on the way out."""
         try:
             self.wait_healthy()

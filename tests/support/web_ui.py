@@ -1,5 +1,5 @@
-"""Helpers of the web UI tests (test_web_ui.py): a page with the API key, waiting on the page, screenshots, load, and
-small training runs."""
+"""Helpers of the web UI tests (tests/integration/test_web_ui.py): a page with the API key, waiting on the page,
+screenshots, load, and small training runs."""
 
 from __future__ import annotations
 

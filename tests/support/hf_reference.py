@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from mlc.models.base import CausalLM
 from mlc.models.loader import load_model
-from paged import incremental_logits
+from tests.support.paged import incremental_logits
 
 TOL = 1e-4  # max abs logit difference allowed in fp32
 # glm and glm4 (GLM-4 and GLM-4-0414) tiny configs: q/k/v biases, half rotary
@@ -115,8 +115,7 @@ class ParitySuite:
         check_incremental(pair, batch_prompts(pair.hf.config.vocab_size), chunk)
 
 
-# -- MoE checkpoint layouts ---------------------------------------------------------------------------------------
-
+# MoE checkpoint layouts
 _PER_EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _FUSED = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)$")
 

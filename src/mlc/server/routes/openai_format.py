@@ -7,11 +7,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mlc.server.chat.assistant_output import AssistantOutput, finish_reason
-
-from mlc.server.token_text import TokenText
 from mlc.server.protocol.schemas import (
-    ChoiceLogprobs, CompletionLogprobs, TokenLogprobOut, TopLogprob, Usage,
+    ChoiceLogprobs,
+    CompletionLogprobs,
+    TokenLogprobOut,
+    TopLogprob,
+    Usage,
 )
+from mlc.server.token_text import TokenText
 
 if TYPE_CHECKING:
     from mlc.engine.outputs import CompletionOutput, RequestOutput
@@ -35,16 +38,24 @@ def completion_logprobs(lps: list[TokenLogprob], tt: TokenText, top: bool, offse
     """Logprobs of generated tokens; with `prompt` (echo: the prompt's ids and their logprobs from token 1 on),
     the prompt's tokens come first, the first with none. The engine scores each prompt token, not alternatives, so
     a prompt token's top_logprobs holds that token alone."""
-    tokens, offsets, values, tops = [], [], [], []
-    for k, token_id in enumerate(prompt[0] if prompt else []):
-        value = None if k == 0 or k > len(prompt[1]) else _lp(prompt[1][k - 1])
+    tokens: list[str] = []
+    offsets: list[int] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    prompt_ids, prompt_lps = prompt if prompt else ([], [])
+    for k, token_id in enumerate(prompt_ids):
+        value = None if k == 0 or k > len(prompt_lps) else _lp(prompt_lps[k - 1])
         piece = tt.text(token_id)
-        tokens.append(piece), offsets.append(offset), values.append(value)
+        tokens.append(piece)
+        offsets.append(offset)
+        values.append(value)
         tops.append(None if value is None else {piece: value})
         offset += len(piece)
     for lp in lps:
         piece = tt.text(lp.token_id)
-        tokens.append(piece), offsets.append(offset), values.append(_lp(lp.logprob))
+        tokens.append(piece)
+        offsets.append(offset)
+        values.append(_lp(lp.logprob))
         tops.append({tt.text(i): _lp(v) for i, v in lp.top})
         offset += len(piece)
     return CompletionLogprobs(tokens=tokens, token_logprobs=values, text_offset=offsets,
@@ -81,7 +92,7 @@ class CompletionStream:
             i = o.index
             text = o.delta_text
             first_echo = self.echo is not None and not self.echoed[i]
-            echo = self.echo if first_echo else ""
+            echo = (self.echo or "") if first_echo else ""
             new_finish = o.finish_reason is not None and not self.finished[i]
             lps = o.delta_logprobs or []
             if not text and not echo and not lps and not new_finish:

@@ -1,0 +1,1 @@
+"""The test suite: unit/, integration/ and numerics/ tests, and their shared helpers in support/."""

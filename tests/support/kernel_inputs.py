@@ -1,0 +1,50 @@
+"""Fixed inputs for the C++ CPU kernel tests, and the kernels' outputs on them that every build must agree on.
+
+This file imports nothing from the tests: tests/integration/test_cpu_kernel_builds.py runs it in a fresh interpreter
+(`runpy.run_path`) under another -march build."""
+
+from __future__ import annotations
+
+import torch
+
+from mlc.layers import quant_kernels as qk
+from mlc.layers.cpu_kernels import cpu_op
+
+
+def int4_weights(n, k, group, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, scale_zeros = qk.quantize_int4(torch.randn(n, k, generator=g) * 0.05, group)
+    return q, scale_zeros, qk.pack_int4_tiles(q, scale_zeros, group)
+
+
+def int8_weights(n, k, seed=0):
+    q, scale = qk.quantize_int8(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+    return q, scale, qk.pack_int8_tiles(q, scale)
+
+
+def rope_tables(t, d, dtype, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randint(0, 8192, (t,), generator=g).float()
+    freqs = pos[:, None] * (10000 ** (-torch.arange(0, d, 2).float() / d))[None]
+    emb = torch.cat((freqs, freqs), -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def cross_arch_outputs() -> dict[str, torch.Tensor]:
+    """The int4 and int8 GEMMs and the fused ops on fixed inputs (what every build must agree on)."""
+    g = torch.Generator().manual_seed(8)
+    out = {}
+    for group in (32, 64):
+        _, _, packed = int4_weights(48, 256, group)
+        x = torch.randn(9, 256, generator=g)
+        for dtype in (torch.float32, torch.bfloat16):
+            out[f"int4-g{group}-{dtype}"] = cpu_op("int4_linear")(x.to(dtype), packed, group)
+    _, _, packed8 = int8_weights(32, 128)
+    x = torch.randn(9, 128, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        out[f"int8-{dtype}"] = cpu_op("int8_linear")(x.to(dtype), packed8)
+    qkv = (torch.randn(5, 15 * 64, generator=g) * 3).to(torch.bfloat16)
+    cos, sin = rope_tables(5, 64, torch.bfloat16)
+    out["rope"] = cpu_op("rope_neox")(qkv, cos, sin, 12, 64)
+    out["silu"] = cpu_op("silu_mul")((torch.randn(5, 512, generator=g) * 4).to(torch.bfloat16))
+    return out
