@@ -1,5 +1,5 @@
-"""The path a user gets with no flags: the default model's Q4_1 GGUF runs as int4 (8-bit head) and a request's
-greedy output and its logprobs do not depend on what else is in its batch."""
+"""The path a user gets with no flags: the default model's Q4_1 GGUF runs as int4 from its own codes (8-bit head)
+and a request's greedy output and its logprobs do not depend on what else is in its batch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
 from mlc.layers.cpu_kernels import cpu_op
+from mlc.layers.quant_linear import Int4Linear
 
 
 @pytest.fixture(scope="module")
@@ -17,11 +18,12 @@ def llm(default_model_dir):
 
 def test_the_gguf_bit_width_is_kept_and_said(llm):
     engine = llm.engine
-    assert engine.weights.startswith("int4, head int8 (default: the GGUF stores its matrices as Q4_1")
-    kernels = engine.model.quant_report.kernels
+    assert engine.weights.startswith("int4 from the GGUF's own Q4_1 codes (120 layers)")  # 30 x qkv, o, gate_up, down
+    assert "head int8 (default: the GGUF stores its matrices as Q4_1" in engine.weights
     built = cpu_op("int4_linear") is not None  # the C++ kernels where they build, else torch's and fbgemm's
     int4, head = ("mlc-int4", "mlc-int8") if built else ("int4pack-w4a16", "fbgemm-w8a8")
-    assert engine.model.lm_head.kernel == head and set(kernels) == {int4, head}
+    body = {m.kernel for m in engine.model.model.modules() if isinstance(m, Int4Linear)}
+    assert engine.model.lm_head.kernel == head and set(engine.model.quant_report.kernels) == {head} and body == {int4}
     assert engine.max_batch_size == min(256, (engine.cache_plan.num_pages - 1) // (512 // 16))
 
 

@@ -8,6 +8,7 @@ import torch
 
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
+from mlc.models.hf_checkpoint import transformers_model
 from tests.support.prompts import CHAT_PROMPTS, chat_prompts
 
 NEW = 32
@@ -98,9 +99,8 @@ def test_prefix_cache_hits_on_the_second_run(base, prompts, batched):
 
 
 def test_equals_transformers_greedy(base, prompts, batched, default_model_dir):
-    from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32).eval()
+    hf = transformers_model(default_model_dir).eval()
     eos = base.engine.tokenizer.eos_token_id
     for i in range(len(CHAT_PROMPTS)):
         with torch.inference_mode():

@@ -12,6 +12,7 @@ from mlc.config.engine_config import SparseKVConfig
 from mlc.engine.llm import LLM
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
+from mlc.models.hf_checkpoint import transformers_model
 from tests.support.prompts import CHAT_PROMPTS
 
 NEW = 16
@@ -55,9 +56,8 @@ def long_greedy(base, long_prompts):
 
 @pytest.fixture(scope="module")
 def hf_greedy(chat_prompts, default_model_dir, base):
-    from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32).eval()
+    hf = transformers_model(default_model_dir).eval()
     eos = base.engine.tokenizer.eos_token_id
     outs = []
     for p in chat_prompts:

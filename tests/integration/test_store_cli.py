@@ -58,7 +58,7 @@ def test_pull_writes_a_model_dir_and_one_line(fresh_store):
     lines = [ln for ln in done.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1 and NAME in lines[0] and "converted" in lines[0]
     model_dir = home / "models" / NAME
-    expected = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    expected = {"config.json", "generation_config.json", "model.gguf", "tokenizer.json",
                 "tokenizer_config.json", "special_tokens_map.json", "manifest.json"}
     assert {p.name for p in model_dir.iterdir()} == expected
     assert not [p for p in (home / "models").iterdir() if p.name.startswith(".tmp")]
@@ -83,31 +83,34 @@ def test_manifest_pins_revision_and_hashes_every_file(fresh_store):
 
 def test_second_pull_is_a_fast_no_op(fresh_store):
     home, _ = fresh_store
-    before = (home / "models" / NAME / "model.safetensors").stat().st_mtime_ns
+    before = (home / "models" / NAME / "manifest.json").stat().st_mtime_ns
     start = time.perf_counter()
     result = store.pull(NAME)
     assert not result.converted and time.perf_counter() - start < 1.0
-    assert (home / "models" / NAME / "model.safetensors").stat().st_mtime_ns == before
+    assert (home / "models" / NAME / "manifest.json").stat().st_mtime_ns == before
 
 
 def test_verify_passes_then_names_a_corrupted_file(fresh_store):
     home, _ = fresh_store
     assert len(store.verify(NAME)) == 6
-    target = home / "models" / NAME / "model.safetensors"
+    target = home / "models" / NAME / "model.gguf"
+    own = target.with_suffix(".copy")  # the store may hard-link the wheel's file: flip a byte of our own copy
+    shutil.copyfile(target, own)
+    os.replace(own, target)
     with open(target, "r+b") as f:
-        f.seek(100_000_000)
+        f.seek(50_000_000)
         byte = f.read(1)
-        f.seek(100_000_000)
+        f.seek(50_000_000)
         f.write(bytes([byte[0] ^ 0xFF]))
     try:
-        with pytest.raises(IntegrityError, match=r"model\.safetensors has a different sha256"):
+        with pytest.raises(IntegrityError, match=r"model\.gguf has a different sha256"):
             store.verify(NAME)
         done = cli("models", "verify", NAME, home=home)
         assert done.returncode == IntegrityError.exit_code
-        assert "model.safetensors" in error_line(done)
+        assert "model.gguf" in error_line(done)
     finally:
         with open(target, "r+b") as f:
-            f.seek(100_000_000)
+            f.seek(50_000_000)
             f.write(byte)
     assert cli("models", "verify", NAME, home=home).returncode == 0
 
@@ -126,7 +129,8 @@ def test_verify_names_a_missing_file(fresh_store):
 def test_list_info_and_resolve(fresh_store):
     home, _ = fresh_store
     entry = next(e for e in store.list_models() if e.name == NAME)
-    assert entry.pulled and entry.size_bytes > 500_000_000 and "sha256:" in entry.revision
+    # the GGUF (98 MB) and small files, never a float copy of its weights (517 MB before the store kept the GGUF)
+    assert entry.pulled and 98_000_000 < entry.size_bytes < 110_000_000 and "sha256:" in entry.revision
     data = store.info(NAME)
     assert data["config"]["num_hidden_layers"] == 30 and data["config"]["vocab_size"] == 49152
     assert store.resolve_model_dir(NAME) == home / "models" / NAME

@@ -43,9 +43,10 @@ def adapter(tmp_path_factory, default_model_dir):
     """A PEFT LoRA adapter for the default model whose B matrices are not zero, so it changes the output."""
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32)
+    from mlc.models.hf_checkpoint import transformers_model
+
+    model = transformers_model(default_model_dir)
     torch.manual_seed(3)  # lora_A's random init too: the adapter is the same whichever tests ran before
     peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     with torch.no_grad():

@@ -32,9 +32,9 @@ def ours(default_model_dir):
 
 @pytest.fixture(scope="module")
 def theirs(default_model_dir):
-    from transformers import AutoModelForCausalLM
+    from mlc.models.hf_checkpoint import transformers_model
 
-    return AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32).eval()
+    return transformers_model(default_model_dir).eval()
 
 
 def paged_greedy(model, prompts: list[list[int]], eos: int, n: int) -> list[list[int]]:

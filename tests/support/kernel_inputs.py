@@ -13,8 +13,8 @@ from mlc.layers.cpu_kernels import cpu_op
 
 def int4_weights(n, k, group, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q, scale_zeros = qk.quantize_int4(torch.randn(n, k, generator=g) * 0.05, group)
-    return q, scale_zeros, qk.pack_int4_tiles(q, scale_zeros, group)
+    q, scale_offsets = qk.quantize_int4(torch.randn(n, k, generator=g) * 0.05, group)
+    return q, scale_offsets, qk.pack_int4_tiles(q, scale_offsets, group)
 
 
 def int8_weights(n, k, seed=0):

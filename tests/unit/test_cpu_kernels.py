@@ -38,11 +38,11 @@ def two_digits(x):
     return (256 * a + a2).double(), (d / 256).squeeze(-1).double()
 
 
-def int4_definition(x, q, scale_zeros, group):
+def int4_definition(x, q, scale_offsets, group):
     """What the int4 kernel computes, in float64 from the same integer codes: the two-digit activations dotted with
     the dequantized weights, block by block."""
     codes, d = two_digits(x)
-    w = qk.dequantize_int4(qk.pack_int4(q), scale_zeros, group, torch.float64)
+    w = qk.dequantize_int4(qk.pack_int4(q), scale_offsets, group, torch.float64)
     return torch.einsum("mbi,nbi,mb->mn", codes, w.view(w.shape[0], -1, 32), d)
 
 
@@ -94,10 +94,10 @@ def test_packed_layout_round_trips_and_the_layer_reads_its_weights_back(group):
     assert torch.equal(back_q, q.to(torch.uint8)) and torch.equal(back_sz, sz)
     w = torch.randn(64, 512, generator=torch.Generator().manual_seed(4)) * 0.05
     layer = Int4Linear(w, group_size=group)
-    assert layer.kernel == "mlc-int4" and layer.scale_zeros is None
+    assert layer.kernel == "mlc-int4" and layer.scale_offsets is None
     q, sz = qk.quantize_int4(w, group)
     assert torch.equal(layer.dequantized(), qk.dequantize_int4(qk.pack_int4(q), sz, group, torch.float32))
-    assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then a bf16 pair per group and row
+    assert layer.weight_bytes() == 64 * 512 // 2 + (512 // group) * 64 * 4  # codes, then an fp16 pair per group and row
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

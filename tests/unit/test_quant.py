@@ -122,7 +122,7 @@ def test_int4_roundtrip_layout():
     assert sz.shape == (2, 16, 2) and int(q.min()) >= 0 and int(q.max()) <= 15
     deq = qk.dequantize_int4(qk.pack_int4(q), sz, 32, torch.float32)
     step = (w.reshape(16, 2, 32).amax(-1) - w.reshape(16, 2, 32).amin(-1)) / 15
-    assert ((deq - w).abs().reshape(16, 2, 32) <= step[..., None] * 0.51 + 1e-3).all()  # half a step, bf16 scales
+    assert ((deq - w).abs().reshape(16, 2, 32) <= step[..., None] * 0.51 + 1e-3).all()  # half a step, fp16 scales
 
 
 def test_int8_quantization_is_per_row():

@@ -91,9 +91,11 @@ def test_gguf_file_is_converted_once_and_reused(home, tmp_path):
     first = store.resolve_model_dir(path)
     assert first.parent == home / "models" and first.name.startswith("tiny-model-q8-")
     assert store.read_manifest(first.name)["source"]["kind"] == "gguf-file"
-    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert (first / "model.gguf").stat().st_size == path.stat().st_size  # the file itself, no float copy
+    assert not list(first.glob("*.safetensors"))
+    stamp = (first / store.MANIFEST).stat().st_mtime_ns
     assert store.resolve_model_dir(str(path)) == first
-    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (first / store.MANIFEST).stat().st_mtime_ns == stamp
     assert first.name in [e.name for e in store.list_models()]
     store.verify(first.name)
 

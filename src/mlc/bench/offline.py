@@ -98,10 +98,12 @@ def run_ours(config: EngineConfig, prompts: list[list[dict]], max_new_tokens: in
 
 def run_peer(model_dir, ids: list[list[int]], max_new_tokens: int, batch_size: int, greedy_ref: list[list[int]]):
     """transformers `generate` in fp32: static batches (left-padded), then one prompt alone."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from mlc.models.hf_checkpoint import transformers_model
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = transformers_model(model_dir).eval()
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     kw = dict(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=pad)
 

@@ -10,9 +10,11 @@ import torch
 
 def run_transformers_cb(model_dir, ids: list[list[int]], max_new_tokens: int, pad_token_id: int = 0) -> dict:
     """Output tok/s of `generate_batch` over the prompts `ids` (token lists), greedy, exactly max_new_tokens each."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    net = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    from mlc.models.hf_checkpoint import transformers_model
+
+    net = transformers_model(model_dir).eval()
     pad = pad_token_id
     gen = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
                            eos_token_id=None, pad_token_id=pad)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -88,10 +89,12 @@ def layer_factory(weight_dtype: str, name: str = "", group_size: int = 32, int8_
 @torch.no_grad()
 def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int = 32, int8_scheme: str = "mixed",
                    use_kernels: bool = True, quantize_experts: bool = True, head_dtype: str | None = None,
-                   head_int8_scheme: str | None = None) -> QuantReport:
+                   head_int8_scheme: str | None = None,
+                   weight_dtype_for: Callable[[str], str | None] | None = None) -> QuantReport:
     """Replace `model`'s Linear layers in place. `use_kernels=False` forces the pure-torch reference path.
     `head_dtype` quantizes the lm_head differently (a Q4 GGUF keeps its head in Q8_0, and so do we), and
-    `head_int8_scheme` gives an int8 head its own scheme."""
+    `head_int8_scheme` gives an int8 head its own scheme. `weight_dtype_for(name)` picks a layer's own weight dtype
+    (None: `weight_dtype`), as a GGUF's mix of types asks."""
     check_options(weight_dtype, group_size, int8_scheme)
     compute = model.dtype  # a CausalLM's (its embedding's)
     if not isinstance(compute, torch.dtype):
@@ -113,7 +116,10 @@ def quantize_model(model: nn.Module, weight_dtype: str = "int8", group_size: int
     names = [n for n, m in model.named_modules()
              if isinstance(m, kinds) and m is not head and not any(p in n + "." for p in _KEEP_FLOAT)]
     for name in names:  # one at a time, so each float weight is freed as soon as its replacement exists
+        own = weight_dtype_for(name) if weight_dtype_for is not None else None
+        q.weight_dtype = own if own in ("int8", "int4") else weight_dtype
         _swap(model, name, q.replace(name, model.get_submodule(name)))
+    q.weight_dtype = weight_dtype
     if head is not None and not isinstance(head, QuantizedLinear):
         if head_dtype and head_dtype != weight_dtype:
             check_options(head_dtype, group_size, int8_scheme)

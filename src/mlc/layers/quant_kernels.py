@@ -1,8 +1,10 @@
 """Quantized weight formats, their pure-torch dequantization, and probes for the CPU kernels that use them.
 
 int8: symmetric per output channel, `w ~= q * scale[n]`, q in [-127, 127].
-int4: asymmetric per group of `g` input columns, `w ~= (q - 8) * scale + zero`, q in [0, 15] (the layout torch's
-tinygemm CPU kernel takes: `scale_zeros [K/g, N, 2]`, bf16). Stored two values a byte.
+int4: per group of `g` input columns, `w = q * scale + offset`, q in [0, 15], `scale_offsets [K/g, N, 2]` in fp16.
+Stored two values a byte. This holds a GGUF's Q4_0 (`scale = d, offset = -8 d`) and Q4_1 (`scale = d, offset = m`)
+blocks exactly, since their d and m are fp16 too. torch's tinygemm kernel (the fallback without the C++ kernels)
+takes `w = (q - 8) * scale + zero` in bf16 instead (`to_tinygemm`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what `_weight_int4pack_mm_for_cpu` accepts
-INT4_SCALE_DTYPE = torch.bfloat16  # the CPU kernel requires scales in the activation dtype, and it runs in bf16
+INT4_SCALE_DTYPE = torch.float16  # GGUF's Q4_0 / Q4_1 block scales and minimums are fp16: kept exactly
 
 
 def quantize_int8(w: torch.Tensor, reduce_amax=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,18 +35,24 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
 
 
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[N, K]` float -> (int32 values 0..15 `[N, K]`, scale_zeros `[K/g, N, 2]` in INT4_SCALE_DTYPE).
+    """`[N, K]` float -> (int32 values 0..15 `[N, K]`, scale_offsets `[K/g, N, 2]` in INT4_SCALE_DTYPE).
 
-    Scales and zeros are rounded to bf16 before the weights are rounded against them, so that rounding is not
+    Scales and offsets are rounded to fp16 before the weights are rounded against them, so that rounding is not
     added to the quantization error."""
     n, k = w.shape
     grouped = w.float().reshape(n, k // group, group)
     lo, hi = grouped.amin(dim=-1), grouped.amax(dim=-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-8).to(INT4_SCALE_DTYPE).float()
-    zero = (lo + 8 * scale).to(INT4_SCALE_DTYPE).float()
-    q = ((grouped - zero[..., None]) / scale[..., None]).add_(8).round_().clamp_(0, 15).to(torch.int32)
-    scale_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(INT4_SCALE_DTYPE)
-    return q.reshape(n, k), scale_zeros
+    scale = ((hi - lo) / 15).clamp(min=1e-6).to(INT4_SCALE_DTYPE).float()
+    offset = lo.to(INT4_SCALE_DTYPE).float()
+    q = ((grouped - offset[..., None]) / scale[..., None]).round_().clamp_(0, 15).to(torch.int32)
+    scale_offsets = torch.stack((scale, offset), dim=-1).transpose(0, 1).contiguous().to(INT4_SCALE_DTYPE)
+    return q.reshape(n, k), scale_offsets
+
+
+def to_tinygemm(scale_offsets: torch.Tensor) -> torch.Tensor:
+    """`scale_offsets` as torch's int4 kernel takes them: `[K/g, N, 2]` bf16 (scale, zero), `w = (q - 8) s + zero`."""
+    scale, offset = scale_offsets.float().unbind(-1)
+    return torch.stack((scale, offset + 8 * scale), dim=-1).to(torch.bfloat16)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -58,20 +66,20 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
 
 
-def pack_int4_tiles(q: torch.Tensor, scale_zeros: torch.Tensor, group: int) -> torch.Tensor:
-    """int values 0..15 `[N, K]` and their scale_zeros `[K/g, N, 2]` -> the C++ int4 kernel's layout, uint8
+def pack_int4_tiles(q: torch.Tensor, scale_offsets: torch.Tensor, group: int) -> torch.Tensor:
+    """int values 0..15 `[N, K]` and their scale_offsets `[K/g, N, 2]` -> the C++ int4 kernel's layout, uint8
     `[N/16, K/g, 8 g + 64]`: one stream per 16 output columns, group after group, each group its codes then its 16
-    (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte `4 j + i` holds column j's input i (low nibble) and input
-    4 + i (high nibble)."""
+    (scale, offset) fp16 pairs. In a chunk of 8 inputs, byte `4 j + i` holds column j's input i (low nibble) and
+    input 4 + i (high nibble)."""
     n, k = q.shape
     q5 = q.to(torch.uint8).view(n // 16, 16, k // 8, 2, 4)  # [tile, column, chunk, half, input]
     codes = (q5[:, :, :, 0] | (q5[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(n // 16, k // group, group * 8)
-    pairs = scale_zeros.view(k // group, n // 16, 16 * 2).transpose(0, 1).contiguous().view(torch.uint8)
-    return torch.cat((codes, pairs), dim=2).contiguous()
+    pairs = scale_offsets.to(INT4_SCALE_DTYPE).view(k // group, n // 16, 16 * 2).transpose(0, 1).contiguous()
+    return torch.cat((codes, pairs.view(torch.uint8)), dim=2).contiguous()
 
 
 def unpack_int4_tiles(tiles: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inverse of `pack_int4_tiles`: (uint8 values `[N, K]`, scale_zeros `[K/g, N, 2]`)."""
+    """The inverse of `pack_int4_tiles`: (uint8 values `[N, K]`, scale_offsets `[K/g, N, 2]`)."""
     t, groups, _ = tiles.shape
     b = tiles[:, :, : group * 8].reshape(t, groups * group // 8, 16, 4)
     q = torch.stack((b & 0xF, b >> 4), dim=3).permute(0, 2, 1, 3, 4).reshape(t * 16, groups * group)
@@ -102,12 +110,12 @@ def unpack_int8_tiles(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (codes.to(torch.int16) - 128).to(torch.int8), tiles[:, k * 16:].contiguous().view(torch.float32).reshape(-1)
 
 
-def dequantize_int4(packed: torch.Tensor, scale_zeros: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_int4(packed: torch.Tensor, scale_offsets: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
     q = unpack_int4(packed).float()
     n, k = q.shape
-    scale = scale_zeros[..., 0].t().float()[:, :, None]  # [N, K/g, 1]
-    zero = scale_zeros[..., 1].t().float()[:, :, None]
-    return ((q.reshape(n, k // group, group) - 8) * scale + zero).reshape(n, k).to(dtype)
+    scale = scale_offsets[..., 0].t().float()[:, :, None]  # [N, K/g, 1]
+    offset = scale_offsets[..., 1].t().float()[:, :, None]
+    return (q.reshape(n, k // group, group) * scale + offset).reshape(n, k).to(dtype)
 
 
 # CPU kernels: each probe runs the op once on a tiny input, so a build without it (or a torch that dropped it)
@@ -155,7 +163,7 @@ def has_int4pack() -> bool:
     """aten._weight_int4pack_mm_for_cpu: group-wise int4 weights, bf16 activations (W4A16)."""
     return _works(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
         torch.ones(1, 32, dtype=torch.bfloat16), prepack_int4(torch.zeros(16, 32, dtype=torch.int32)), 32,
-        torch.ones(1, 16, 2, dtype=torch.bfloat16)))
+        torch.ones(1, 16, 2, dtype=torch.bfloat16)))  # bf16 (scale, zero): see to_tinygemm
 
 
 @functools.cache

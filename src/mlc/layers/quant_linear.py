@@ -157,39 +157,44 @@ class Int8Linear(QuantizedLinear):
 
 
 class Int4Linear(QuantizedLinear):
-    """Group-wise int4: a bf16 scale and zero per `group_size` inputs of a row. Two CPU kernels:
+    """Group-wise int4, `w = q * scale + offset` with an fp16 scale and offset per `group_size` inputs of a row
+    (a GGUF's Q4_0 and Q4_1 blocks exactly). Two CPU kernels:
 
     mlc-int4 (the default where it builds, `csrc/int4_linear.cpp`): each row's activations become two int8 digits
     per block of 32 inputs (about 16 bits) and meet the int4 codes in exact integer dot products (VNNI, AVX2 or plain
     C++, the same integers), folded in float in a fixed order. A row's result never depends on its batch. Batch 1
     runs at about twice, and prompts at about three times, the speed of torch's kernel here.
-    int4pack-w4a16: aten._weight_int4pack_mm_for_cpu (bf16 activations, weights widened in the kernel, needs
-    out_features % 16 == 0); where the C++ kernels are not built (`MLC_CPU_KERNELS=0`, no compiler).
+    int4pack-w4a16: aten._weight_int4pack_mm_for_cpu (bf16 activations, weights widened in the kernel, its scales in
+    bf16, needs out_features % 16 == 0); where the C++ kernels are not built (`MLC_CPU_KERNELS=0`, no compiler).
+
+    `codes` gives the quantized weights as they are: {"qweight": two values a byte `[N, K/2]`, "scale_offsets"}
+    (a compiled model's, or a GGUF's blocks); otherwise `weight` is quantized here.
     """
 
     qweight: torch.Tensor
-    scale_zeros: torch.Tensor | None  # None under mlc-int4 (the scales are packed into qweight)
+    scale_offsets: torch.Tensor | None  # None under mlc-int4 (the scales are packed into qweight)
 
     def __init__(self, weight, bias=None, shard_sizes=None, group_size: int = 32, use_kernels: bool = True,
                  codes: dict[str, torch.Tensor] | None = None):
         super().__init__(weight, bias, shard_sizes)
         self.group_size = group_size
-        if codes:  # {"qweight": portable two-per-byte packing, "scale_zeros"} as export_codes wrote them
-            q, scale_zeros = qk.unpack_int4(codes["qweight"]), codes["scale_zeros"]
+        if codes:
+            q, scale_offsets = qk.unpack_int4(codes["qweight"]), codes["scale_offsets"].to(qk.INT4_SCALE_DTYPE)
         else:
-            q, scale_zeros = qk.quantize_int4(weight, group_size)
+            q, scale_offsets = qk.quantize_int4(weight, group_size)
         fits = qk.int4pack_fits(self.out_features, self.in_features, group_size)
         on_cpu = use_kernels and q.device.type == "cpu" and fits
-        if on_cpu and cpu_op("int4_linear") is not None:  # codes and scales in one stream (no separate scale_zeros)
-            self.register_buffer("qweight", qk.pack_int4_tiles(q, scale_zeros, group_size))
-            self.register_buffer("scale_zeros", None)
+        if on_cpu and cpu_op("int4_linear") is not None:  # codes and scales in one stream (no separate scales)
+            self.register_buffer("qweight", qk.pack_int4_tiles(q, scale_offsets, group_size))
+            self.register_buffer("scale_offsets", None)
             self.kernel = "mlc-int4"
             return
-        self.register_buffer("scale_zeros", scale_zeros)
         if on_cpu and qk.has_int4pack():
+            self.register_buffer("scale_offsets", qk.to_tinygemm(scale_offsets))  # bf16 (scale, zero), its format
             self.register_buffer("qweight", qk.prepack_int4(q))
             self.kernel = "int4pack-w4a16"
         else:
+            self.register_buffer("scale_offsets", scale_offsets)
             self.register_buffer("qweight", qk.pack_int4(q))
 
     def matmul(self, x):
@@ -198,28 +203,28 @@ class Int4Linear(QuantizedLinear):
         if self.kernel == "int4pack-w4a16":
             xb = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)  # a bf16 model skips both conversions
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb.contiguous(), self.qweight, self.group_size,
-                                                           self.scale_zeros)
+                                                           self.scale_offsets)
             return self._add_bias(y if x.dtype == torch.bfloat16 else y.to(x.dtype))
-        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
-        w = qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, x.dtype)
+        assert self.scale_offsets is not None  # only mlc-int4 (returned above) packs its scales into qweight
+        w = qk.dequantize_int4(self.qweight, self.scale_offsets, self.group_size, x.dtype)
         return F.linear(x, w, self._bias_like(x))
 
     def dequantized(self, dtype=torch.float32):
         if self.kernel == "mlc-int4":
-            q, scale_zeros = qk.unpack_int4_tiles(self.qweight, self.group_size)
-            return qk.dequantize_int4(qk.pack_int4(q), scale_zeros, self.group_size, dtype)
+            q, scale_offsets = qk.unpack_int4_tiles(self.qweight, self.group_size)
+            return qk.dequantize_int4(qk.pack_int4(q), scale_offsets, self.group_size, dtype)
         if self.kernel == "int4pack-w4a16":  # the kernel's layout is its own; multiply the identity to read it back
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size, self.scale_zeros)
+            w = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size, self.scale_offsets)
             return w.t().to(dtype)
-        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
-        return qk.dequantize_int4(self.qweight, self.scale_zeros, self.group_size, dtype)
+        assert self.scale_offsets is not None  # only mlc-int4 (returned above) packs its scales into qweight
+        return qk.dequantize_int4(self.qweight, self.scale_offsets, self.group_size, dtype)
 
     def weight_bytes(self):
         if self.kernel == "mlc-int4":  # scales inside
             return self.qweight.numel() + self._bias_bytes()
-        assert self.scale_zeros is not None  # only mlc-int4 (returned above) packs its scales into qweight
-        return self.out_features * self.in_features // 2 + self.scale_zeros.numel() * 2 + self._bias_bytes()
+        assert self.scale_offsets is not None  # only mlc-int4 (returned above) packs its scales into qweight
+        return self.out_features * self.in_features // 2 + self.scale_offsets.numel() * 2 + self._bias_bytes()
 
 
 class HalfLinear(QuantizedLinear):

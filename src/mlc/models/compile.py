@@ -73,9 +73,9 @@ def _codes(module) -> tuple[dict, dict[str, torch.Tensor]]:
         record.update(kind="int8", scheme=module.scheme)
         tensors = {"qweight": module.qweight, "scale": module.scale.float()}
     elif isinstance(module, Int4Linear):
-        assert module.scale_zeros is not None  # the reference path keeps its scales apart from the codes
+        assert module.scale_offsets is not None  # the reference path keeps its scales apart from the codes
         record.update(kind="int4", group_size=module.group_size)
-        tensors = {"qweight": module.qweight, "scale_zeros": module.scale_zeros}
+        tensors = {"qweight": module.qweight, "scale_offsets": module.scale_offsets}
     elif isinstance(module, HalfLinear):
         record.update(kind=str(module.storage_dtype).removeprefix("torch."))
         tensors = {"weight_half": module.weight_half}
@@ -95,7 +95,7 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     from mlc.layers.quant import quantize_model
     from mlc.layers.quant_linear import QuantizedLinear
     from mlc.layers.quant_moe import QuantizedExperts
-    from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
+    from mlc.models.hf_checkpoint import build_model, checkpoint_tensors, read_config
     from mlc.models.store import resolve_model_dir
     from mlc.models.store.manifest import file_records
     from mlc.models.store.verifying import check_at_load
@@ -112,7 +112,7 @@ def compile_model(model: str | Path, out_dir: Path, weight_dtype: str = "auto", 
     cfg = read_config(src)
     net = build_model(cfg, torch.device("cpu"), torch.float32)
     with torch.no_grad():
-        net.load_weights(iter_safetensors(safetensors_files(src)))
+        net.load_weights(checkpoint_tensors(src))
     state = {k: v for k, v in net.state_dict().items() if not (net.tied and k == "lm_head.weight")}
     padded = None
     old = getattr(cfg, "intermediate_size", None)

@@ -10,7 +10,7 @@ import torch
 from mlc.errors import IntegrityError, ModelFormatError
 
 COMPILED_MANIFEST = "mlc_compiled.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int4 layers hold fp16 (scale, offset) pairs, w = q * scale + offset
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -73,5 +73,5 @@ def install_quantized_layers(net, model_dir: Path, manifest: dict) -> None:
 
 
 def _code_names(rec: dict) -> list[str]:
-    names = {"int8": ["qweight", "scale"], "int4": ["qweight", "scale_zeros"]}.get(rec["kind"], ["weight_half"])
+    names = {"int8": ["qweight", "scale"], "int4": ["qweight", "scale_offsets"]}.get(rec["kind"], ["weight_half"])
     return names + (["bias"] if rec["bias"] else [])

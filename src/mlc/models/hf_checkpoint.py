@@ -89,3 +89,43 @@ def build_model(hf_config, device: torch.device, dtype: torch.dtype) -> CausalLM
     finally:
         torch.set_default_dtype(previous)
     return model.eval()
+
+
+def checkpoint_tensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """A model dir's weights in float under their HF names: its safetensors, or the GGUF it keeps, dequantized."""
+    from mlc.models.gguf.convert import GGUF_FILE, iter_hf_tensors
+    from mlc.models.gguf.reader import open_gguf_tensors
+
+    gguf = Path(model_dir) / GGUF_FILE
+    if not gguf.is_file():
+        yield from iter_safetensors(safetensors_files(model_dir))
+        return
+    cfg = read_config_json(Path(model_dir) / "config.json")
+    for name, values in iter_hf_tensors(open_gguf_tensors(gguf), cfg):
+        yield name, torch.from_numpy(values)
+
+
+def transformers_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+    """transformers' causal LM of a model dir: `from_pretrained` for a checkpoint; for a store model that keeps its
+    GGUF, built from config.json and given the GGUF's dequantized tensors (no float copy on disk, and much faster
+    than transformers' own GGUF reader)."""
+    from transformers import AutoModelForCausalLM
+
+    from mlc.models.gguf.convert import GGUF_FILE
+
+    if not (Path(model_dir) / GGUF_FILE).is_file():
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every weight comes from the GGUF next
+        model = AutoModelForCausalLM.from_config(read_config(model_dir), dtype=dtype)
+    state = {name: t.to(dtype) for name, t in checkpoint_tensors(model_dir)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = [m for m in missing if not (tied and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ModelFormatError(f"{model_dir}: its GGUF and config.json disagree (missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}); pull it again with `mlc-cli models pull --force`")
+    if tied:
+        model.tie_weights()
+    return model

@@ -1,8 +1,9 @@
 """Load a model to serve: resolve it, check its files, build its architecture, load its weights (a plain HF
-checkpoint or a `mlc-cli compile` output), then quantize them if asked."""
+checkpoint, a GGUF kept in the store, or a `mlc-cli compile` output), then quantize them if asked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,6 +72,37 @@ def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
     return body, head, why
 
 
+def gguf_file(model_dir: Path) -> Path | None:
+    """The GGUF a store model keeps its weights in (pulled from a .gguf), or None for a checkpoint dir."""
+    from mlc.models.gguf.convert import GGUF_FILE
+
+    path = model_dir / GGUF_FILE
+    return path if path.is_file() else None
+
+
+def _load_gguf(net: CausalLM, path: Path, model_dir: Path, serve_codes: bool):
+    """Weights from the GGUF itself: int4 matrices from their codes where `serve_codes` (the default path on the
+    CPU, one rank), everything else dequantized into the float parameters. Returns what became of them."""
+    import json
+
+    from mlc.models.gguf.convert import iter_hf_tensors
+    from mlc.models.gguf.native import ARCHITECTURES, load_gguf
+    from mlc.models.gguf.reader import open_gguf_tensors
+
+    gf = open_gguf_tensors(path)
+    cfg = json.loads((model_dir / "config.json").read_text())
+    if gf.architecture in ARCHITECTURES:
+        return load_gguf(net, gf, cfg, native=serve_codes and tp_size() == 1)
+    with torch.no_grad():
+        net.load_weights((name, torch.from_numpy(values)) for name, values in iter_hf_tensors(gf, cfg))
+    return None
+
+
+def _gguf_dtypes(native) -> Callable[[str], str | None]:
+    """A float-loaded layer's weight dtype from its own GGUF type (a Q6_K matrix beside Q4_K ones stays 8-bit)."""
+    return lambda name: GGUF_WEIGHT_DTYPES.get(native.module_types.get(name, ""))
+
+
 def describe_weights(net: CausalLM) -> str:
     """One line for logs and /v1/models: what the weights run as, and why."""
     return getattr(net, "weight_info", None) or f"{str(net.dtype).removeprefix('torch.')} (checkpoint precision)"
@@ -98,10 +130,14 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
             cast_after = torch.bfloat16
             why += "; activations in bf16, which this CPU computes natively"
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
-    net = build_model(cfg, dev, dt)
+    net = build_model(cfg, dev, dt)  # its float parameters are allocated, never written where codes serve a layer
+    gguf = gguf_file(model_dir)
+    native = None
     if is_compiled(model_dir):
         weight_dtype = _load_compiled(net, model_dir, weight_dtype)
         net.weight_info = f"as compiled ({read_compiled_manifest(model_dir)['options']['weight_dtype']})"
+    elif gguf is not None:
+        native = _load_gguf(net, gguf, model_dir, serve_codes=source is not None and dev.type == "cpu")
     else:
         with torch.no_grad():
             net.load_weights(iter_safetensors(safetensors_files(model_dir)))
@@ -111,10 +147,17 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
         # the default path: W8A16 in the body (bf16 activations, as the int4 layers take them) and W8A8 (C++, fbgemm) in
         # the head, 2.5-5x faster there; both keep a request's output independent of its batch
         scheme = "w8a16" if asked == "auto" else "mixed"
+        per_layer = _gguf_dtypes(native) if native is not None else None
         net.quant_report = quantize_model(net, weight_dtype, int8_scheme=scheme, head_dtype=head_dtype,
-                                          head_int8_scheme="w8a8" if asked == "auto" else None)
+                                          head_int8_scheme="w8a8" if asked == "auto" else None,
+                                          weight_dtype_for=per_layer)
         head = f", head {head_dtype}" if head_dtype else ""
-        net.weight_info = (f"{weight_dtype}{head} (default: {why}; --weight-dtype fp32 for full precision)"
+        body = weight_dtype
+        if native is not None and native.layers:
+            from mlc.models.gguf.native import describe
+
+            body = describe(native)
+        net.weight_info = (f"{body}{head} (default: {why}; --weight-dtype fp32 for full precision)"
                            if asked == "auto" else f"{weight_dtype} (--weight-dtype)")
     if cast_after is not None:
         net.to(cast_after)

@@ -48,21 +48,19 @@ def quiet_hf() -> None:
 
 
 def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    from transformers import AutoModelForCausalLM
-
+    from mlc.models.hf_checkpoint import transformers_model
     from mlc.models.store.verifying import check_at_load
 
     check_at_load(model_dir)  # a store model whose weights differ from its manifest would train on garbage
     quiet_hf()
     dev = resolve_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+        model = transformers_model(model_dir, dtype)
     except (OSError, ValueError, KeyError) as e:
         raise ModelFormatError(f"{model_dir}: transformers could not load it as a causal LM ({e})") from None
     model.config.use_cache = False  # training and scoring never reuse a cache
     try:
-        # transformers wraps `to` with functools.wraps(nn.Module.to), which its type reads as an unbound method
-        return model.to(dev)  # type: ignore[arg-type]
+        return model.to(dev)
     except RuntimeError as e:
         raise DeviceError(f"could not move the model to {dev}: {e}") from None
 

