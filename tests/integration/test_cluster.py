@@ -47,9 +47,10 @@ def ok(result: subprocess.CompletedProcess) -> str:
 
 def adapter(base: Path, out: Path, seed: int) -> Path:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    from mlc.models.hf_checkpoint import transformers_model
+
+    model = transformers_model(base)  # a store model keeps its GGUF: transformers' model is built from it
     peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(seed)
     with torch.no_grad():

@@ -323,14 +323,14 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path):
 # the real default model against transformers' GGUF loader (about 15-35 s)
 @pytest.mark.slow
 def test_default_model_weights_match_transformers_gguf_loader(default_model_dir):
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from mlc.models.hf_checkpoint import checkpoint_tensors
     from mlc.models.store import KNOWN_MODELS, gguf_source_file
 
     path = gguf_source_file(KNOWN_MODELS["smollm2-135m-instruct"])
     ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    ours = load_file(str(default_model_dir / "model.safetensors"))
+    ours = dict(checkpoint_tensors(default_model_dir))  # the store's GGUF, dequantized as every float path reads it
     state = ref.state_dict()
     assert set(ours) == set(state) - {"lm_head.weight"}
     for name, value in ours.items():
