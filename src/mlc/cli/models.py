@@ -1,6 +1,9 @@
-"""`mlc-cli models list | pull | verify | info`: the model store."""
+"""`mlc-cli models list | pull | verify | info | synth`: the model store, and random-weight checkpoints."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -101,6 +104,57 @@ def info_cmd(name: str = typer.Argument(..., help="A model in the store.")) -> N
     total = sum(int(r["size"]) for r in data.get("files", {}).values())
     table.add_row("files", f"{len(data.get('files', {}))} ({_size(total)})")
     console.print(table)
+
+
+@models_app.command("synth")
+def synth_cmd(
+    arch: str = typer.Argument(..., help="llama or glm4."),
+    size: str = typer.Option(..., "--size", help="llama: 135M, 1B, 3B, 8B; glm4: 1.5B, 9B (`--list` shows them)."),
+    quant: str = typer.Option("Q4_0", "--quant", help="F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (from normal weights); "
+                              "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (random blocks); or a llama-quantize mix such as "
+                              "Q4_K_M or Q5_K_M (needs llama-quantize: --llama-quantize, or the one `bench compare` "
+                              "built)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The .gguf to write (default: "
+                                       "$MLC_HOME/synthetic/<arch>-<size>-<quant>.gguf)."),
+    llama_quantize: Optional[Path] = typer.Option(None, "--llama-quantize", help="llama-quantize binary for mixes."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+) -> None:
+    """Write a random-weight GGUF of a real architecture and size (speed is measured on it; the text is noise).
+    Serve it with `mlc-cli serve FILE` or compare with `mlc-cli bench compare --model FILE`."""
+    from mlc.config.paths import mlc_home
+    from mlc.models import synth
+
+    shape = synth.shape_for(arch, size)
+    path = out or mlc_home() / "synthetic" / f"{arch}-{size}-{quant}.gguf"
+    console.print(f"{arch} {size} ({shape.like}): {shape.params() / 1e9:.2f}B parameters, {quant} -> {path}",
+                  highlight=False)
+    mix = quant.upper() in synth.MIXES
+    tool = _llama_quantize(llama_quantize) if mix else None
+    source = path.with_name(path.stem + "-F16.gguf") if mix else path
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("writing", total=None)
+        synth.write_synthetic(shape, "F16" if mix else quant.upper(), source, seed,
+                              lambda done, total, name: bar.update(task, completed=done, total=total,
+                                                                   description=f"writing {name}"))
+    if tool is not None:
+        console.print(f"llama-quantize {quant.upper()} ...", highlight=False)
+        synth.quantize_mix(source, quant.upper(), path, tool)
+        source.unlink()
+    console.print(f"wrote {path} ({_size(path.stat().st_size)})", highlight=False)
+
+
+def _llama_quantize(given: Path | None) -> Path:
+    from mlc.bench import llama_cpp
+    from mlc.errors import ConfigError
+
+    tool = given or llama_cpp.tool("llama-quantize")
+    if tool is None or not tool.is_file():
+        raise ConfigError("a llama-quantize mix needs llama-quantize: pass --llama-quantize PATH, or build llama.cpp "
+                          "once with `mlc-cli bench compare` (it builds llama-quantize beside llama-server)")
+    return tool
 
 
 def register(app: typer.Typer) -> None:

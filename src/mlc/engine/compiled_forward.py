@@ -74,7 +74,7 @@ class CompiledForward:
             return self.eager(input_ids, positions, meta, kv_caches)
         decoder: Any = self.model.model
         rotary: Any = self.model.rotary
-        cos, sin = rotary(positions, decoder.embed_tokens.weight.dtype)
+        cos, sin = rotary(positions, decoder.embed_tokens.dtype)
         for t in (input_ids, cos, sin):
             torch._dynamo.decorators.mark_unbacked(t, 0)  # one graph for every token count, 1 included
         STEP.update(meta=meta, caches=kv_caches)

@@ -1,10 +1,13 @@
-"""The C++ CPU kernels (`csrc/`), one extension registering six ops under `torch.ops.mlc_kernels` (`csrc/ops.cpp`):
+"""The C++ CPU kernels (`csrc/`), one extension registering its ops under `torch.ops.mlc_kernels` (`csrc/ops.cpp`):
 
 * decode attention (`decode_attention.cpp`): one query per sequence, attending over its context read in place
   through the page table, so a decode step skips the gather, the key padding and the masked SDPA; a sequence's
   result does not depend on its batch (each sequence and KV head is computed whole, in one order);
 * the int4 and int8 GEMMs (`int4_linear.cpp`, `int8_linear.cpp`, `quant_gemm.h`; `layers/quant_linear.py`):
   activations as two int8 digits (about 16 bits), exact integer dot products, each row alone;
+* the gguf GEMM on a GGUF's own blocks, every common type (`gguf_linear.cpp`, `gguf_blocks.h`, `gguf_pack.cpp`;
+  `layers/gguf_linear.py`), the same arithmetic, and `gguf_rows`, the embedding lookup from the mapped file;
+* `on_huge_pages` (`huge_pages.cpp`): packed weights on 2 MiB pages, where they stream about a quarter faster;
 * RMSNorm, RoPE and SiLU x up for 16-bit models (`fused_ops.cpp`): one pass a row instead of several eager ops,
   with the eager ops' roundings.
 
@@ -31,7 +34,8 @@ import torch
 log = logging.getLogger("mlc.layers")
 NAME = "mlc_cpu_kernels"  # the extension's build name; its ops are torch.ops.mlc_kernels.<op>
 SOURCES = [Path(__file__).parent / "csrc" / name
-           for name in ("ops.cpp", "decode_attention.cpp", "int4_linear.cpp", "int8_linear.cpp", "fused_ops.cpp")]
+           for name in ("ops.cpp", "decode_attention.cpp", "int4_linear.cpp", "int8_linear.cpp", "gguf_linear.cpp",
+                        "gguf_pack.cpp", "huge_pages.cpp", "fused_ops.cpp")]
 ENV = ("MLC_CPU_KERNELS", "MLC_DECODE_KERNEL")  # 0/false/off/no turns the kernels off; the second is the older name
 # no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one);
 # no contraction of a * b + c into one fma unless the source asks, so the fused ops round as the eager ops do
@@ -54,7 +58,8 @@ def load() -> bool:
 
 
 def cpu_op(name: str):
-    """`torch.ops.mlc_kernels.<name>` (decode_attention, rms_norm, int4_linear, int8_linear, rope_neox, silu_mul),
+    """`torch.ops.mlc_kernels.<name>` (decode_attention, rms_norm, int4_linear, int8_linear, gguf_linear, gguf_pack,
+    gguf_rows, on_huge_pages, rope_neox, silu_mul),
     loading the kernels on first call; None without them. Looked up once: layers call this on every step."""
     if name not in _LOADED:
         op = getattr(torch.ops.mlc_kernels, name) if load() else None
@@ -65,6 +70,13 @@ def cpu_op(name: str):
     return _LOADED[name]
 
 
+def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied onto 2 MiB pages (csrc/huge_pages.h: packed weights stream about a quarter faster there); `t`
+    itself without the kernels."""
+    op = cpu_op("on_huge_pages")
+    return t if op is None or t.device.type != "cpu" else op(t)
+
+
 def eager_cpu(*tensors: torch.Tensor) -> bool:
     """The fused elementwise kernels apply: CPU tensors, eager (not traced by torch.compile), nothing to
     differentiate (training keeps the eager ops, which autograd knows)."""
@@ -73,14 +85,16 @@ def eager_cpu(*tensors: torch.Tensor) -> bool:
 
 
 _FAKES = {"int4_linear": lambda x, packed, group: x.new_empty(x.shape[0], packed.shape[0] * 16),
-          "int8_linear": lambda x, packed: x.new_empty(x.shape[0], packed.shape[0] * 16)}
+          "int8_linear": lambda x, packed: x.new_empty(x.shape[0], packed.shape[0] * 16),
+          "gguf_linear": lambda x, packed, kind: x.new_empty(x.shape[0], packed.shape[0] * 16),
+          "gguf_rows": lambda raw, ids, kind, k: raw.new_empty(ids.numel(), k, dtype=torch.float32)}
 
 
 def kernel_status() -> str:
     """For the startup log: which CPU kernels this process runs."""
     if not load():
         return "torch ops (SDPA decode attention, torch's int4 and fbgemm's int8 kernels, eager RMSNorm/RoPE/SiLU)"
-    return "C++ kernels (paged decode attention, int4 and int8 GEMMs, RMSNorm, RoPE, SiLU x up)"
+    return "C++ kernels (paged decode attention, int4, int8 and GGUF-block GEMMs, RMSNorm, RoPE, SiLU x up)"
 
 
 def _cpu_key() -> str:

@@ -17,7 +17,7 @@ from torch import nn
 
 from mlc.errors import ModelFormatError
 from mlc.layers import quant_kernels as qk
-from mlc.layers.cpu_kernels import cpu_op
+from mlc.layers.cpu_kernels import cpu_op, on_huge_pages
 
 _RANGE_PINS = torch.tensor([[1.0, -1.0]])  # appended to every row by Int8Linear's W8A8 (made once, not per call)
 
@@ -97,7 +97,7 @@ class Int8Linear(QuantizedLinear):
         self._packed = None
         on_cpu = use_kernels and q.device.type == "cpu"
         if on_cpu and scheme == "w8a8" and qk.int8_tiles_fit(*q.shape) and cpu_op("int8_linear") is not None:
-            self.register_buffer("qweight", qk.pack_int8_tiles(q, scale))  # codes and scales in one stream
+            self.register_buffer("qweight", on_huge_pages(qk.pack_int8_tiles(q, scale)))  # codes, scales: one stream
             self.register_buffer("scale", None)
             self.kernel = "mlc-int8"
             return
@@ -185,7 +185,7 @@ class Int4Linear(QuantizedLinear):
         fits = qk.int4pack_fits(self.out_features, self.in_features, group_size)
         on_cpu = use_kernels and q.device.type == "cpu" and fits
         if on_cpu and cpu_op("int4_linear") is not None:  # codes and scales in one stream (no separate scales)
-            self.register_buffer("qweight", qk.pack_int4_tiles(q, scale_offsets, group_size))
+            self.register_buffer("qweight", on_huge_pages(qk.pack_int4_tiles(q, scale_offsets, group_size)))
             self.register_buffer("scale_offsets", None)
             self.kernel = "mlc-int4"
             return

@@ -32,6 +32,14 @@ class Embedding(nn.Module):
         self.start = tp_rank() * self.rows if tp_size() > 1 else 0
         self.weight = nn.Parameter(torch.empty(self.rows, dim), requires_grad=False)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.weight.device
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.rows == self.full_rows:
             return F.embedding(ids, self.weight)
@@ -49,7 +57,7 @@ class Embedding(nn.Module):
 class DecoderModel(nn.Module):
     """The decoder stack a CausalLM wraps (its `model`): what the shared code reads of it."""
 
-    embed_tokens: Embedding
+    embed_tokens: Embedding  # or a GGUFEmbedding (models/gguf/native.py): both say their dtype and device
     layers: nn.ModuleList
     norm: nn.Module
 
@@ -92,11 +100,11 @@ class CausalLM(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device  # not lm_head: quantize_model may replace it
+        return self.model.embed_tokens.device  # not lm_head: quantize_model may replace it
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.embed_tokens.dtype  # an Embedding's, or a GGUFEmbedding's output dtype
 
     @torch.inference_mode()
     def dense_logits(self, token_lists: list[list[int]]) -> list[torch.Tensor]:

@@ -10,8 +10,10 @@ import torch
 
 from mlc.config.device import cpu_has_native_bf16, resolve_device, resolve_dtype
 from mlc.distributed.state import tp_size
+from mlc.layers.quant_linear import QuantizedLinear
 from mlc.models.base import CausalLM
 from mlc.models.compiled import install_quantized_layers, is_compiled, read_compiled_manifest
+from mlc.models.gguf.native import GGUF_WEIGHT_DTYPES
 from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
 
 
@@ -38,14 +40,6 @@ def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
     return weight_dtype
 
 
-# a GGUF's tensor type -> the weight dtype it is served in by default (its own bit width, never blown up to fp32)
-GGUF_WEIGHT_DTYPES = {
-    **dict.fromkeys(("Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
-    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"), "int8"),
-    "F16": "fp16", "BF16": "bf16",
-}
-
-
 def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
     """(body weight dtype, head weight dtype, why) for a model converted from a quantized GGUF, else None.
 
@@ -67,9 +61,7 @@ def source_weight_dtypes(model_dir: Path) -> tuple[str, str | None, str] | None:
     body = GGUF_WEIGHT_DTYPES[main]
     head = "int8" if body == "int4" and any(GGUF_WEIGHT_DTYPES[t] == "int8" for t in mapped) else None
     shown = ", ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
-    why = f"the GGUF stores its matrices as {main} ({shown})" + (
-        "; the head keeps 8 bits as the GGUF does" if head else "")
-    return body, head, why
+    return body, head, f"the GGUF stores its matrices as {main} ({shown})"
 
 
 def gguf_file(model_dir: Path) -> Path | None:
@@ -148,6 +140,10 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
         # the head, 2.5-5x faster there; both keep a request's output independent of its batch
         scheme = "w8a16" if asked == "auto" else "mixed"
         per_layer = _gguf_dtypes(native) if native is not None else None
+        if isinstance(net.lm_head, QuantizedLinear):
+            head_dtype = None  # served from the GGUF's own blocks already
+        elif head_dtype:
+            why += "; the head keeps 8 bits as the GGUF does"
         net.quant_report = quantize_model(net, weight_dtype, int8_scheme=scheme, head_dtype=head_dtype,
                                           head_int8_scheme="w8a8" if asked == "auto" else None,
                                           weight_dtype_for=per_layer)

@@ -42,6 +42,14 @@ def register(bench_app: typer.Typer) -> None:
                                "--ours-arg=fp32). Default: none, so the defaults a user gets are measured.")] = None,
         offline: Annotated[bool, typer.Option(
             "--offline/--no-offline", help="Also compare LLM().generate with transformers.")] = True,
+        formats: Annotated[Optional[str], typer.Option(
+            "--formats", help="GGUF formats to compare on, comma-separated (e.g. Q4_0,Q4_K_M,Q8_0; `source` is the "
+                              "model's own file): each is made from the model's GGUF by llama-quantize and gets a "
+                              "whole run in OUT/<format>; OUT/formats.md sums them up.")] = None,
+        perplexity_chunks: Annotated[int, typer.Option(
+            "--perplexity-chunks", help="With --formats: also each format's perplexity, from us and from "
+                                        "llama-perplexity, over this many chunks of 512 tokens of the GPL-3 text "
+                                        "(0: skip).")] = 0,
         *,
         engine: EngineArgs,
     ) -> None:
@@ -71,6 +79,16 @@ def register(bench_app: typer.Typer) -> None:
                             prefill_tokens=prefill_tokens, shared_prefix_tokens=shared_prefix_tokens,
                             llama_server=llama_server, build_llama=build, threads=threads,
                             ours_args=forwarded + list(ours_arg or []), offline=offline)
-        result = run_compare(cfg, progress=lambda msg: console.print(msg, highlight=False))
+        def say(msg: str) -> None:
+            console.print(msg, highlight=False)
+
+        if formats:
+            from mlc.bench.compare_formats import run_formats
+
+            run_formats(cfg, [f.strip() for f in formats.split(",") if f.strip()], perplexity_chunks, say)
+            console.print(Markdown((out_dir / "formats.md").read_text()))
+            console.print(f"wrote {out_dir}/formats.json, {out_dir}/formats.md and a folder per format")
+            return
+        result = run_compare(cfg, progress=say)
         console.print(Markdown((out_dir / "compare.md").read_text()))
         console.print(f"wrote {out_dir}/compare.json, {out_dir}/compare.md, " + ", ".join(result["plots"]))

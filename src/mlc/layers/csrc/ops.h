@@ -18,6 +18,16 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t gr
 // int8_linear.cpp: y = x W^T from per-row int8 weights in pack_int8_tiles' layout
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed);
 
+// gguf_linear.cpp: y = x W^T from a GGUF matrix in gguf_pack's tiles (`kind` indexes gguf_blocks.h's formats)
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& packed, int64_t kind);
+
+// gguf_pack.cpp: a GGUF matrix's raw blocks [N, bytes per row] into gguf_linear's tiles, and rows of it as floats
+at::Tensor gguf_pack(const at::Tensor& raw, int64_t kind, int64_t K);
+at::Tensor gguf_rows(const at::Tensor& raw, const at::Tensor& ids, int64_t kind, int64_t K);
+
+// huge_pages.cpp: a copy of a tensor on 2 MiB pages (packed weights: read once a token, a quarter faster there)
+at::Tensor on_huge_pages(const at::Tensor& t);
+
 // fused_ops.cpp: the fused elementwise steps of a decoder layer
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,

@@ -26,6 +26,7 @@ struct Quantized {  // the activations: both digits' int8 codes, and per block t
   const int8_t* low;
   const float* scale;
   const float* sum;
+  const int32_t* sum16;  // sum(256 a + a2) of each half block (16 inputs), two a block
 };
 
 inline float bf16_bits_to_float(uint32_t bits) {
@@ -59,7 +60,8 @@ inline float fp16_bits_to_float(uint16_t h) {
 }
 
 template <typename T>
-void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum) {
+void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum,
+                   int32_t* sum16) {
   const int64_t blocks = K / kBlock;
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / K), [&](int64_t begin, int64_t end) {
     float v[kBlock];
@@ -75,16 +77,18 @@ void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* l
         const float inv = amax > 0.f ? 127.f / amax : 0.f;
         int8_t* c = codes + r * K + b * kBlock;
         int8_t* c2 = low + r * K + b * kBlock;
-        int32_t s = 0;
+        int32_t s[2] = {0, 0};
         for (int64_t i = 0; i < kBlock; ++i) {
           const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
           const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
           c[i] = static_cast<int8_t>(q);
           c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
-          s += 256 * c[i] + c2[i];
+          s[i / 16] += 256 * c[i] + c2[i];
         }
         scale[r * blocks + b] = d * (1.f / 256.f);
-        sum[r * blocks + b] = static_cast<float>(s);
+        sum[r * blocks + b] = static_cast<float>(s[0] + s[1]);
+        sum16[2 * (r * blocks + b)] = s[0];
+        sum16[2 * (r * blocks + b) + 1] = s[1];
       }
     }
   });
@@ -104,17 +108,18 @@ template <typename Tile>
 at::Tensor quantized_gemm(const at::Tensor& x, const uint8_t* w, int64_t N, int64_t tile_bytes, Tile tile) {
   auto xc = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
-  // one workspace: per-block scales and sums (float), then both digits' int8 codes
-  auto work = at::empty({M * (2 * blocks * 4 + 2 * K)}, x.options().dtype(at::kByte));
+  // one workspace: per-block scales and sums (float), half-block sums (int32), then both digits' int8 codes
+  auto work = at::empty({M * (4 * blocks * 4 + 2 * K)}, x.options().dtype(at::kByte));
   float* scale = reinterpret_cast<float*>(work.data_ptr<uint8_t>());
   float* sum = scale + M * blocks;
-  int8_t* codes = reinterpret_cast<int8_t*>(sum + M * blocks);
+  int32_t* sum16 = reinterpret_cast<int32_t*>(sum + M * blocks);
+  int8_t* codes = reinterpret_cast<int8_t*>(sum16 + 2 * M * blocks);
   int8_t* low = codes + M * K;
   auto y = at::empty({M, N}, x.options());
   const int64_t tiles = N / kCols, row_blocks = (M + 63) / 64;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantized_gemm", [&] {
-    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum);
-    const Quantized a{codes, low, scale, sum};
+    quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum, sum16);
+    const Quantized a{codes, low, scale, sum, sum16};
     scalar_t* yp = y.data_ptr<scalar_t>();
     // one work item: 64 rows against one tile, so a thread keeps its tile's weights in L1 across those rows
     at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t begin, int64_t end) {

@@ -1,11 +1,13 @@
-"""Load a model from its GGUF file directly: the 4-bit matrices (Q4_0, Q4_1, Q4_K) become int4 layers from their own
-codes (`blocks.int4_codes`), and only the rest is dequantized, loaded as floats and quantized as the model's
-weight plan says. No float copy of the file is written anywhere, and a matrix served from its codes is never held in
-float.
+"""Load a model from its GGUF file directly. With the C++ kernels, every matrix of a type the gguf kernel reads
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) becomes a `GGUFLinear` from its own blocks, each
+tensor keeping its type, and the token embedding is looked up in the mapped file (`GGUFEmbedding`; a tied head is a
+`GGUFLinear` of the same blocks). Without them, the 4-bit matrices (Q4_0, Q4_1, Q4_K) become int4 layers from
+their codes (`blocks.int4_codes`, torch's int4 kernel). Only the rest is dequantized, loaded as floats and quantized
+as the model's weight plan says (logged by type, with what it became). No float copy of the file is written
+anywhere, and a matrix served from its blocks is never held in float.
 
-A layer is served from its codes when every tensor it is made of (q, k and v for a fused qkv_proj, gate and up for a
-fused gate_up_proj) is stored in one of `INT4_TYPES`. What is not is logged once, by type and tensor kind, with what
-it became.
+A layer is served from its blocks when every tensor it is made of (q, k and v for a fused qkv_proj, gate and up for
+a fused gate_up_proj) is of a type that path reads.
 """
 
 from __future__ import annotations
@@ -16,19 +18,36 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from mlc.errors import ModelFormatError
+from mlc.layers.gguf_linear import (
+    GGUFEmbedding,
+    GGUFLinear,
+    GGUFPart,
+    as_tensor,
+    gguf_kernel_fits,
+    gguf_kernels_available,
+)
 from mlc.layers.linear import Linear, MergedLinear
+from mlc.layers.quant import _swap
 from mlc.layers.quant_kernels import pack_int4
 from mlc.layers.quant_linear import Int4Linear
-from mlc.models.base import CausalLM
+from mlc.models.base import CausalLM, Embedding
 from mlc.models.gguf.blocks import INT4_TYPES, int4_codes
 from mlc.models.gguf.dequant import dequantize_tensor, quant_type_name
 from mlc.models.gguf.llama_tensors import hf_tensor_name, unpermute_rope_rows
 from mlc.models.gguf.reader import GGUFFile
 
+# a GGUF's tensor type -> the weight dtype it is served in where it is not served from its blocks (its own bit
+# width, never blown up to fp32)
+GGUF_WEIGHT_DTYPES = {
+    **dict.fromkeys(("Q2_K", "Q3_K", "Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS"), "int4"),
+    **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"), "int8"),
+    "F16": "fp16", "BF16": "bf16",
+}
 ARCHITECTURES = ("llama", "glm4")  # dense GGUF layouts read tensor by tensor here (glm4moe: gguf/glm4_moe.py)
 
 log = logging.getLogger("mlc.models")
@@ -49,7 +68,8 @@ class NativeReport:
     """What the GGUF's matrices became: served from their codes, or dequantized (by GGUF type)."""
 
     layers: int = 0
-    tensors: Counter = field(default_factory=Counter)  # GGUF type -> tensors served from their codes
+    kernel: str = "gguf"  # "gguf" (the C++ gguf kernel) or "int4" (torch's int4 kernel, without the C++ kernels)
+    tensors: Counter = field(default_factory=Counter)  # GGUF type -> tensors served from their blocks
     dequantized: Counter = field(default_factory=Counter)  # GGUF type -> matrices loaded as floats
     module_types: dict[str, str] = field(default_factory=dict)  # a float-loaded matrix's module -> its GGUF type
 
@@ -98,21 +118,59 @@ def _int4_layer(gf: GGUFFile, cfg: dict[str, Any], module: Linear, parts: list[_
                       codes={"qweight": pack_int4(torch.cat(codes)), "scale_offsets": torch.cat(pairs, dim=1)})
 
 
-def _servable(module: nn.Module, parts: list[_Part]) -> bool:
-    """Every weight tensor of this (Merged)Linear is an int4 GGUF type, and every shard has its tensor."""
-    if not isinstance(module, Linear) or isinstance(module, nn.Embedding):
+def _gguf_part(gf: GGUFFile, cfg: dict[str, Any], tensor) -> GGUFPart:
+    rows, _ = _shape(tensor)
+    heads = _rope_heads(gf, cfg, tensor.name)
+    order = None if heads is None else torch.from_numpy(unpermute_rope_rows(np.arange(rows), heads))
+    return GGUFPart(as_tensor(tensor.data), quant_type_name(tensor), order, tensor.name)
+
+
+def _gguf_layer(gf: GGUFFile, cfg: dict[str, Any], module: Linear, parts: list[_Part]) -> GGUFLinear:
+    weights = sorted((p for p in parts if not p.is_bias), key=lambda p: p.shard or 0)
+    biases = sorted((p for p in parts if p.is_bias), key=lambda p: p.shard or 0)
+    bias = torch.cat([_floats(gf, cfg, p.tensor) for p in biases]) if biases else None
+    shards = module.shard_sizes if isinstance(module, MergedLinear) else None
+    return GGUFLinear([_gguf_part(gf, cfg, p.tensor) for p in weights], module.in_features, bias, shards)
+
+
+def _servable(module: nn.Module, parts: list[_Part], gguf: bool) -> bool:
+    """Every weight tensor of this (Merged)Linear is of a type the chosen kernel reads (the gguf kernel's, else the
+    int4 ones), and every shard has its tensor."""
+    if not isinstance(module, Linear):
         return False
     weights = [p for p in parts if not p.is_bias]
     shards = len(module.shard_sizes) if isinstance(module, MergedLinear) else 1
+    if gguf:
+        return len(weights) == shards and all(gguf_kernel_fits(quant_type_name(p.tensor), *_shape(p.tensor))
+                                              for p in weights)
     return (len(weights) == shards and all(quant_type_name(p.tensor) in INT4_TYPES for p in weights)
             and module.in_features % 32 == 0)
 
 
-def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) -> NativeReport:
-    """Load `gf` into `net` (built empty, its float parameters not yet written): with `native`, int4 matrices as
-    int4 layers from their codes; every other tensor dequantized into the float parameters."""
-    from mlc.layers.quant import _swap
+def _embedding(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], name: str, parts: list[_Part],
+               report: NativeReport) -> bool:
+    """The token embedding looked up in the file's blocks, and a tied head computed from them; False where its
+    type is not one the gguf kernel reads (it is then loaded as floats)."""
+    module = net.get_submodule(name)
+    tensor = parts[0].tensor
+    if not isinstance(module, Embedding) or module.rows != module.full_rows or len(parts) != 1:
+        return False
+    kind, (rows, cols) = quant_type_name(tensor), _shape(tensor)
+    if not gguf_kernel_fits(kind, rows, cols):
+        return False
+    part = _gguf_part(gf, cfg, tensor)
+    if net.lm_head is module:  # tied: the head multiplies by the same blocks
+        net.lm_head = GGUFLinear([part], cols)
+        report.layers += 1
+        report.tensors[kind] += 1
+    _swap(net, name, GGUFEmbedding(part, cols, module.weight.dtype))
+    return True
 
+
+def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) -> NativeReport:
+    """Load `gf` into `net` (built empty, its float parameters not yet written): with `native`, the matrices the
+    gguf kernel (or, without the C++ kernels, the int4 kernel) reads from their blocks; every other tensor
+    dequantized into the float parameters."""
     report = NativeReport()
     modules = dict(net.named_modules())
     by_module: dict[str, list[_Part]] = defaultdict(list)
@@ -130,11 +188,17 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
         by_module[module_name].append(_Part(t, hf, target.shard, attr == "bias"))
     served: set[str] = set()
     if native:
+        report.kernel = "gguf" if gguf_kernels_available() else "int4"
         for module_name, parts in by_module.items():
             module = modules.get(module_name)
-            if not isinstance(module, Linear) or not _servable(module, parts):
+            if report.kernel == "gguf" and isinstance(module, Embedding):
+                if _embedding(net, gf, cfg, module_name, parts, report):
+                    served.add(module_name)
                 continue
-            _swap(net, module_name, _int4_layer(gf, cfg, module, parts))
+            if not isinstance(module, Linear) or not _servable(module, parts, report.kernel == "gguf"):
+                continue
+            make = _gguf_layer if report.kernel == "gguf" else _int4_layer
+            _swap(net, module_name, make(gf, cfg, module, parts))
             served.add(module_name)
             report.layers += 1
             report.tensors.update(quant_type_name(p.tensor) for p in parts if not p.is_bias)
@@ -144,9 +208,24 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
         if name not in served and kinds and isinstance(modules.get(name), Linear):
             report.module_types[name] = Counter(kinds).most_common(1)[0][0]
             report.dequantized.update(k for k in kinds if k not in ("F32", "F16", "BF16"))
+    if native:
+        _log_dequantized(rest)
     with torch.no_grad():
         net.load_weights(_float_tensors(gf, cfg, rest))
     return report
+
+
+def _log_dequantized(parts: list[_Part]) -> None:
+    """One line per quantized type served some other way than from its blocks: which tensors, and what they became."""
+    by_type: dict[str, list[str]] = defaultdict(list)
+    for p in parts:
+        kind = quant_type_name(p.tensor)
+        if kind not in ("F32", "F16", "BF16") and len(p.tensor.shape) == 2:
+            by_type[kind].append(p.tensor.name)
+    for kind, names in by_type.items():
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        log.warning("%d %s tensor(s) (%s) have no native kernel here: dequantized, then served as %s", len(names),
+                    kind, shown, GGUF_WEIGHT_DTYPES.get(kind, "floats"))
 
 
 def _float_tensors(gf: GGUFFile, cfg: dict[str, Any], parts: list[_Part]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -155,8 +234,9 @@ def _float_tensors(gf: GGUFFile, cfg: dict[str, Any], parts: list[_Part]) -> Ite
 
 
 def describe(report: NativeReport) -> str:
-    """'int4 from the GGUF's own Q4_K / Q4_0 codes (160 layers; 30 Q6_K matrices dequantized)' (the weights line)."""
+    """'the GGUF's own Q4_K / Q6_K blocks (gguf kernel, 169 layers)' (the weights line)."""
     native = " / ".join(t for t, _ in report.tensors.most_common())
     rest = ", ".join(f"{n} {t}" for t, n in report.dequantized.most_common())
-    return (f"int4 from the GGUF's own {native} codes ({report.layers} layers"
+    how = "gguf kernel" if report.kernel == "gguf" else "as int4 codes, torch's int4 kernel"
+    return (f"the GGUF's own {native} blocks ({how}, {report.layers} layers"
             + (f"; dequantized, then quantized: {rest}" if rest else "") + ")")

@@ -1,0 +1,32 @@
+"""The GGUF file a benchmark's model comes from, and what its matrices are stored as (every figure says its format)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+
+def gguf_of(model: str) -> Path | None:
+    """The GGUF file a model came from: the file itself, or a store model's pinned source."""
+    if model.endswith(".gguf") and Path(model).is_file():
+        return Path(model)
+    from mlc.models.store.known_models import KNOWN_MODELS
+    from mlc.models.store.pulling import gguf_source_file
+
+    known = KNOWN_MODELS.get(model)
+    if known is None or not getattr(known, "gguf_sha256", None):
+        return None
+    return gguf_source_file(known)
+
+
+def gguf_types(path: Path) -> Counter:
+    from mlc.models.gguf.dequant import quant_type_name
+    from mlc.models.gguf.reader import open_gguf_tensors
+
+    return Counter(quant_type_name(t) for t in open_gguf_tensors(path).reader.tensors if len(t.shape) == 2)
+
+
+def describe_types(types: Counter) -> str:
+    """'Q4_K (97 Q4_K, 16 Q6_K, 1 Q8_0)': the most common matrix type first."""
+    main = types.most_common(1)[0][0] if types else "?"
+    return f"{main} ({', '.join(f'{n} {t}' for t, n in types.most_common())})"
