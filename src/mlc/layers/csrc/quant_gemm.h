@@ -6,6 +6,10 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -59,6 +63,69 @@ inline float fp16_bits_to_float(uint16_t h) {
   return bf16_bits_to_float(bits);
 }
 
+// One block of 32 inputs as two int8 digits; see the file's head. Scalar: the reference every path must equal.
+inline void quantize_block(const float* v, int8_t* c, int8_t* c2, float* scale, float* sum, int32_t* sum16) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i]));
+  const float d = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  int32_t s[2] = {0, 0};
+  for (int64_t i = 0; i < kBlock; ++i) {
+    const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
+    const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
+    c[i] = static_cast<int8_t>(q);
+    c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
+    s[i / 16] += 256 * c[i] + c2[i];
+  }
+  *scale = d * (1.f / 256.f);
+  *sum = static_cast<float>(s[0] + s[1]);
+  sum16[0] = s[0];
+  sum16[1] = s[1];
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same block with AVX-512, 16 inputs a vector: the same IEEE operations in the same order (max is exact, no
+// fused multiply-add, round to nearest even), so the same bits as quantize_block. Five times faster; it runs once
+// per row and matmul, about a tenth of a batch-1 step in scalar code.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <typename T>
+inline void quantize_block16(const T* xb, int8_t* c, int8_t* c2, float* scale, float* sum, int32_t* sum16) {
+  const __m512 v[2] = {load16(xb), load16(xb + 16)};
+  // maxps / minps return their second operand when either is NaN: with the operands in this order they take NaN
+  // and inf exactly as std::max / std::min do above (a NaN input is skipped by the max, clamped to -127 after)
+  const __m512 zero = _mm512_setzero_ps();
+  const float amax = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), zero), _mm512_max_ps(_mm512_abs_ps(v[1]), zero)));
+  const float d = amax / 127.f;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 lim = _mm512_set1_ps(127.f), neg = _mm512_set1_ps(-127.f);
+  auto clamp = [&](__m512 x) { return _mm512_min_ps(_mm512_max_ps(x, neg), lim); };
+  int32_t s[2];
+  for (int h = 0; h < 2; ++h) {
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 q = clamp(_mm512_roundscale_ps(_mm512_mul_ps(v[h], _mm512_set1_ps(inv)), kNearest));
+    const __m512 rest = _mm512_sub_ps(v[h], _mm512_mul_ps(q, _mm512_set1_ps(d)));
+    const __m512 q2 = clamp(_mm512_roundscale_ps(_mm512_mul_ps(rest, _mm512_set1_ps(256.f * inv)), kNearest));
+    const __m512i qi = _mm512_cvtps_epi32(q), q2i = _mm512_cvtps_epi32(q2);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c + 16 * h), _mm512_cvtepi32_epi8(qi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c2 + 16 * h), _mm512_cvtepi32_epi8(q2i));
+    s[h] = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(qi, 8), q2i));
+  }
+  *scale = d * (1.f / 256.f);
+  *sum = static_cast<float>(s[0] + s[1]);
+  sum16[0] = s[0];
+  sum16[1] = s[1];
+}
+#endif
+
 template <typename T>
 void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* low, float* scale, float* sum,
                    int32_t* sum16) {
@@ -68,27 +135,15 @@ void quantize_rows(const T* x, int64_t rows, int64_t K, int8_t* codes, int8_t* l
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t b = 0; b < blocks; ++b) {
         const T* xb = x + r * K + b * kBlock;
-        float amax = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) {
-          v[i] = static_cast<float>(xb[i]);
-          amax = std::max(amax, std::fabs(v[i]));
+        const int64_t at = r * K + b * kBlock, blk = r * blocks + b;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        if constexpr (!std::is_same_v<T, double>) {
+          quantize_block16(xb, codes + at, low + at, scale + blk, sum + blk, sum16 + 2 * blk);
+          continue;
         }
-        const float d = amax / 127.f;
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        int8_t* c = codes + r * K + b * kBlock;
-        int8_t* c2 = low + r * K + b * kBlock;
-        int32_t s[2] = {0, 0};
-        for (int64_t i = 0; i < kBlock; ++i) {
-          const float q = std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv)));
-          const float q2 = std::nearbyint((v[i] - q * d) * (256.f * inv));  // |remainder| <= d / 2: within +-128
-          c[i] = static_cast<int8_t>(q);
-          c2[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, q2)));
-          s[i / 16] += 256 * c[i] + c2[i];
-        }
-        scale[r * blocks + b] = d * (1.f / 256.f);
-        sum[r * blocks + b] = static_cast<float>(s[0] + s[1]);
-        sum16[2 * (r * blocks + b)] = s[0];
-        sum16[2 * (r * blocks + b) + 1] = s[1];
+#endif
+        for (int64_t i = 0; i < kBlock; ++i) v[i] = static_cast<float>(xb[i]);
+        quantize_block(v, codes + at, low + at, scale + blk, sum + blk, sum16 + 2 * blk);
       }
     }
   });
