@@ -63,6 +63,8 @@ class GGUFPart:
 class GGUFLinear(QuantizedLinear):
     """A Linear (or MergedLinear: its parts in shard order) computed from GGUF blocks by the gguf kernel."""
 
+    packed0: torch.Tensor  # the first run's tiles (a buffer; packed1, ... for further runs)
+
     def __init__(self, parts: list[GGUFPart], in_features: int, bias: torch.Tensor | None = None,
                  shard_sizes: list[int] | None = None):
         shape = torch.empty(sum(p.out_features for p in parts), in_features, device="meta")
@@ -80,8 +82,10 @@ class GGUFLinear(QuantizedLinear):
 
     def matmul(self, x):
         op = cpu_op("gguf_linear")
+        if len(self.runs) == 1:  # most layers: one call, no list (this runs a hundred times a token)
+            return self._add_bias(op(x, self.packed0, self.runs[0][0]))
         ys = [op(x, getattr(self, f"packed{i}"), kind) for i, (kind, _) in enumerate(self.runs)]
-        return self._add_bias(ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1))
+        return self._add_bias(torch.cat(ys, dim=-1))
 
     def dequantized(self, dtype=torch.float32):
         rows = cpu_op("gguf_rows")
