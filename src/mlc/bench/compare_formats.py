@@ -17,7 +17,7 @@ from pathlib import Path
 
 from mlc.bench import llama_cpp
 from mlc.bench.compare import CompareConfig, long_text
-from mlc.bench.gguf_source import describe_types, gguf_of, gguf_types
+from mlc.bench.gguf_source import bytes_per_token, describe_types, gguf_of, gguf_types
 from mlc.errors import ConfigError
 
 _FLOAT = ("F32", "F16", "BF16")
@@ -48,20 +48,51 @@ def run_formats(cfg: CompareConfig, formats: list[str], perplexity_chunks: int, 
     quantize = llama_cpp.tool("llama-quantize")
     if peer is None or quantize is None:
         raise ConfigError(f"--formats needs llama.cpp's llama-quantize ({note})")
-    summary: dict = {"source": str(source), "formats": {}}
+    bandwidth = read_bandwidth_gb_s()
+    progress(f"memory read bandwidth (2 GiB on 2 MiB pages, {torch_threads()} threads): {bandwidth:.1f} GB/s")
+    summary: dict = {"source": str(source), "read_gb_s": bandwidth, "formats": {}}
     for i, fmt in enumerate(formats):
         path = source if fmt == "source" else make_format(source, fmt, cfg.out_dir / "gguf", quantize)
         label = describe_types(gguf_types(path))
         progress(f"format {fmt}: {path.name}, {label}")
         sub = dataclasses.replace(cfg, model=str(path), out_dir=cfg.out_dir / fmt, offline=cfg.offline and i == 0)
         result = run_compare(sub, progress)
-        row = {"file": str(path), "types": label, **ratios(result)}
+        row = {"file": str(path), "types": label, "bytes_per_token": bytes_per_token(path), **ratios(result)}
         if perplexity_chunks:
             row["perplexity"] = perplexities(path, perplexity_chunks, progress)
         summary["formats"][fmt] = row
         (cfg.out_dir / "formats.json").write_text(json.dumps(summary, indent=2) + "\n")
         (cfg.out_dir / "formats.md").write_text(markdown(summary))
     return summary
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def read_bandwidth_gb_s(gib: int = 2, repeats: int = 5) -> float:
+    """The machine's multi-threaded read bandwidth: the best of `repeats` sums over `gib` GiB placed on 2 MiB pages
+    as the served weights are (csrc/huge_pages.h), with torch's threads (those the server computes with)."""
+
+    import torch
+
+    from mlc.layers.cpu_kernels import on_huge_pages
+
+    buf = on_huge_pages(torch.ones(gib * 2**28))  # floats
+    buf.sum()
+    best = min(_timed(buf.sum) for _ in range(repeats))
+    del buf
+    return gib * 2**30 / best / 1e9
+
+
+def _timed(fn) -> float:
+    import time
+
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def ratios(result: dict) -> dict:
@@ -102,8 +133,10 @@ def _x(pair) -> str:
 def markdown(summary: dict) -> str:
     levels = sorted({int(c) for row in summary["formats"].values() for c in row.get("tok_s", {})})
     head = ("| format | matrices | " + " | ".join(f"c={c} mlc / llama.cpp tok/s" for c in levels)
-            + " | TPOT c=1 ms mlc / llama.cpp | TTFT c=1 | prefill | perplexity mlc / llama.cpp |")
-    lines = [f"Source: {summary['source']}", "", head, "|" + "---|" * (head.count("|") - 1)]
+            + " | TPOT c=1 ms mlc / llama.cpp | bandwidth c=1 mlc / llama.cpp | TTFT c=1 | prefill "
+            "| perplexity mlc / llama.cpp |")
+    lines = [f"Source: {summary['source']}; memory read bandwidth {summary['read_gb_s']:.1f} GB/s.", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
     for fmt, row in summary["formats"].items():
         tok = row.get("tok_s", {})
         cells = [f"{_x(tok.get(c) or tok.get(str(c)))} ({_pair(tok.get(c) or tok.get(str(c)))})" for c in levels]
@@ -111,10 +144,20 @@ def markdown(summary: dict) -> str:
         ppl_cell = (f"{ppl['mlc']:.3f} / {ppl['llama_cpp']:.3f}" if ppl.get("llama_cpp") else
                     f"{ppl['mlc']:.3f} / -" if ppl else "-")
         lines.append(f"| {fmt} | {row['types']} | " + " | ".join(cells) +
-                     f" | {_pair(row.get('tpot_ms_c1'))} | {_x(_inverse(row.get('ttft_ms_c1')))} | "
-                     f"{_x(row.get('prefill_tok_s'))} | {ppl_cell} |")
-    lines += ["", "Ratios are mlc / llama.cpp (TTFT: llama.cpp's time / ours, so above 1 is ours faster).", ""]
+                     f" | {_pair(row.get('tpot_ms_c1'))} | {_bandwidth(row, summary['read_gb_s'])} | "
+                     f"{_x(_inverse(row.get('ttft_ms_c1')))} | {_x(row.get('prefill_tok_s'))} | {ppl_cell} |")
+    lines += ["", "Ratios are mlc / llama.cpp (TTFT: llama.cpp's time / ours, so above 1 is ours faster). Bandwidth: "
+              "the weight bytes a decode step reads (every matrix; the embedding only as a tied head) / TPOT at "
+              "c=1, as a share of the measured read bandwidth.", ""]
     return "\n".join(lines)
+
+
+def _bandwidth(row: dict, read_gb_s: float) -> str:
+    tpot = row.get("tpot_ms_c1")
+    if not tpot or not tpot[0] or not tpot[1]:
+        return "-"
+    share = [row["bytes_per_token"] / (t / 1000) / 1e9 / read_gb_s for t in tpot]
+    return f"{100 * share[0]:.0f}% / {100 * share[1]:.0f}%"
 
 
 def _pair(pair) -> str:

@@ -30,3 +30,14 @@ def describe_types(types: Counter) -> str:
     """'Q4_K (97 Q4_K, 16 Q6_K, 1 Q8_0)': the most common matrix type first."""
     main = types.most_common(1)[0][0] if types else "?"
     return f"{main} ({', '.join(f'{n} {t}' for t, n in types.most_common())})"
+
+
+def bytes_per_token(path: Path) -> int:
+    """Weight bytes a decode step reads from a dense GGUF: every matrix once, the token embedding only where it is
+    also the (tied) head (a lookup reads one row of it)."""
+    from mlc.models.gguf.reader import open_gguf_tensors
+
+    tensors = open_gguf_tensors(path).reader.tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    return sum(int(t.data.nbytes) for t in tensors
+               if len(t.shape) == 2 and (t.name != "token_embd.weight" or tied))

@@ -67,6 +67,10 @@ class GGUFLinear(QuantizedLinear):
 
     def __init__(self, parts: list[GGUFPart], in_features: int, bias: torch.Tensor | None = None,
                  shard_sizes: list[int] | None = None):
+        if not gguf_kernels_available():
+            raise ModelFormatError("GGUF blocks are served by the C++ CPU kernels, which are not built here (no C++ "
+                                   "compiler, or MLC_CPU_KERNELS=0); load the model without them (the loader "
+                                   "dequantizes what it cannot serve)")
         shape = torch.empty(sum(p.out_features for p in parts), in_features, device="meta")
         super().__init__(shape, bias, shard_sizes)
         self.parts = parts  # kept for `dequantized` (the file's mapping, no memory of its own)

@@ -148,8 +148,35 @@ __m512i codes512(const uint8_t* codes, int v) {
   }
 }
 
-template <int KIND, int R>
-void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, float* y) {
+// One step of one row and tile into its accumulator: hi, lo are the two digits' dots (per Q6_K sub-block; else in
+// [0]), in the fixed order every path folds in.
+template <int KIND>
+inline __m512 fold512(const __m512i* hi, const __m512i* lo, __m512 s0, __m512 s1, __m512 o, const int32_t* half,
+                      float scale, __m512 acc) {
+  using S = Spec<KIND>;
+  __m512 u;
+  if constexpr (S::sub16) {
+    const __m512i t0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[0], 8), lo[0]),
+                                        _mm512_set1_epi32(S::f.zero * half[0]));
+    const __m512i t1 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[1], 8), lo[1]),
+                                        _mm512_set1_epi32(S::f.zero * half[1]));
+    u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), s1, _mm512_mul_ps(_mm512_cvtepi32_ps(t0), s0));
+  } else {
+    const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(hi[0], 8), lo[0]);
+    if constexpr (S::offset) {
+      const float asum = static_cast<float>(half[0] + half[1]);
+      u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s0, _mm512_mul_ps(o, _mm512_set1_ps(asum)));
+    } else {
+      const __m512i t = _mm512_sub_epi32(dot, _mm512_set1_epi32(S::f.zero * (half[0] + half[1])));
+      u = _mm512_mul_ps(_mm512_cvtepi32_ps(t), s0);
+    }
+  }
+  return _mm512_fmadd_ps(u, _mm512_set1_ps(scale), acc);
+}
+
+// Rows [m0, m0 + R) against T tiles (the next one tile_bytes after w), into y[r * 16 T + 16 t + column].
+template <int KIND, int R, int T>
+void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t tile_bytes, int64_t K, float* y) {
   using S = Spec<KIND>;
   const int64_t blocks = K / kBlock;
   auto act = [&](const int8_t* base, int r, int64_t k) {
@@ -157,65 +184,62 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, floa
     std::memcpy(&v, base + (m0 + r) * K + k, 4);
     return _mm512_set1_epi32(v);
   };
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  // chains per row, tile and digit: integer sums are exact in any order, so they are split until 16 registers hold
+  // them (a row alone overlaps its dpbusd latencies); Q6_K's 16-input sub-blocks take the first and second half
+  constexpr int H = R * T <= 2 ? 4 : R * T == 4 ? 2 : 1;
+  static_assert(!S::sub16 || H >= 2, "Q6_K keeps its two sub-blocks apart");
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const StepAt s = step_at<KIND>(w, b);
-    // [row][digit][chain]: integer sums are exact in any order, so a row alone (decode) splits each digit over 4
-    // chains and its dpbusd latencies overlap; Q6_K's 16-input sub-blocks take the first and second half
-    constexpr int H = R == 1 ? 4 : 2;
-    __m512i part[R][2][H];
+    StepAt s[T];
+    for (int t = 0; t < T; ++t) {
+      s[t] = step_at<KIND>(w + t * tile_bytes, b);
+      prefetch_step<KIND>(s[t]);
+    }
+    __m512i part[R][T][2][H];
     for (int r = 0; r < R; ++r)
-      for (int d = 0; d < 2; ++d)
-        for (int h = 0; h < H; ++h) part[r][d][h] = _mm512_setzero_si512();
-    prefetch_step<KIND>(s);
+      for (int t = 0; t < T; ++t)
+        for (int d = 0; d < 2; ++d)
+          for (int h = 0; h < H; ++h) part[r][t][d][h] = _mm512_setzero_si512();
 #pragma GCC unroll 8  // whole: the accumulator indices become constants and stay in registers
     for (int v = 0; v < 8; ++v) {
-      const __m512i c = codes512<KIND>(s.codes, v);
+      __m512i c[T];
+      for (int t = 0; t < T; ++t) c[t] = codes512<KIND>(s[t].codes, v);
       const int h = S::sub16 ? (v / 4) * (H / 2) + v % (H / 2) : v % H;
-      for (int r = 0; r < R; ++r) {
-        part[r][0][h] = _mm512_dpbusd_epi32(part[r][0][h], c, act(a.codes, r, b * kBlock + 4 * v));
-        part[r][1][h] = _mm512_dpbusd_epi32(part[r][1][h], c, act(a.low, r, b * kBlock + 4 * v));
+      for (int r = 0; r < R; ++r) {  // each broadcast of a row's 4 activations feeds T multiplies
+        const __m512i hi = act(a.codes, r, b * kBlock + 4 * v), lo = act(a.low, r, b * kBlock + 4 * v);
+        for (int t = 0; t < T; ++t) {
+          part[r][t][0][h] = _mm512_dpbusd_epi32(part[r][t][0][h], c[t], hi);
+          part[r][t][1][h] = _mm512_dpbusd_epi32(part[r][t][1][h], c[t], lo);
+        }
       }
     }
-    // fold the chains: [row][digit][sub-block] (non-Q6_K: the whole step in [0])
-    __m512i sums[R][2][2];
-    for (int r = 0; r < R; ++r)
-      for (int d = 0; d < 2; ++d) {
-        __m512i lo = part[r][d][0], hi = part[r][d][H / 2];
-        for (int h = 1; h < H / 2; ++h) {
-          lo = _mm512_add_epi32(lo, part[r][d][h]);
-          hi = _mm512_add_epi32(hi, part[r][d][H / 2 + h]);
+    for (int t = 0; t < T; ++t) {
+      __m512 s0, s1, o;
+      scales512<KIND>(s[t], &s0, &s1, &o);
+      for (int r = 0; r < R; ++r) {
+        __m512i sums[2][2];  // [digit][sub-block] (non-Q6_K: the whole step in [0])
+        for (int d = 0; d < 2; ++d) {
+          __m512i first = part[r][t][d][0], second = part[r][t][d][H / 2];
+          for (int h = 1; h < H / 2; ++h) {
+            first = _mm512_add_epi32(first, part[r][t][d][h]);
+            second = _mm512_add_epi32(second, part[r][t][d][H / 2 + h]);
+          }
+          if constexpr (H == 1) {
+            sums[d][0] = first;
+          } else {
+            sums[d][0] = S::sub16 ? first : _mm512_add_epi32(first, second);
+            sums[d][1] = second;
+          }
         }
-        sums[r][d][0] = S::sub16 ? lo : _mm512_add_epi32(lo, hi);
-        sums[r][d][1] = hi;
+        const int64_t at = (m0 + r) * blocks + b;
+        acc[r][t] = fold512<KIND>(sums[0], sums[1], s0, s1, o, a.sum16 + 2 * at, a.scale[at], acc[r][t]);
       }
-    __m512 s0, s1, o;
-    scales512<KIND>(s, &s0, &s1, &o);
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (m0 + r) * blocks + b;
-      const int32_t* half = a.sum16 + 2 * at;
-      __m512 u;
-      if constexpr (S::sub16) {
-        const __m512i t0 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(sums[r][0][0], 8), sums[r][1][0]),
-                                            _mm512_set1_epi32(S::f.zero * half[0]));
-        const __m512i t1 = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(sums[r][0][1], 8), sums[r][1][1]),
-                                            _mm512_set1_epi32(S::f.zero * half[1]));
-        u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), s1, _mm512_mul_ps(_mm512_cvtepi32_ps(t0), s0));
-      } else {
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(sums[r][0][0], 8), sums[r][1][0]);
-        if constexpr (S::offset) {
-          const float asum = static_cast<float>(half[0] + half[1]);
-          u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s0, _mm512_mul_ps(o, _mm512_set1_ps(asum)));
-        } else {
-          const __m512i t = _mm512_sub_epi32(dot, _mm512_set1_epi32(S::f.zero * (half[0] + half[1])));
-          u = _mm512_mul_ps(_mm512_cvtepi32_ps(t), s0);
-        }
-      }
-      acc[r] = _mm512_fmadd_ps(u, _mm512_set1_ps(a.scale[at]), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * kCols, acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(y + r * kCols * T + t * kCols, acc[r][t]);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -285,7 +309,7 @@ __m256i codes256(const uint8_t* codes, int v, int col) {
 }
 
 template <int KIND, int R>
-void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, float* y) {
+void tile_rows_one(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, float* y) {
   using S = Spec<KIND>;
   const int64_t blocks = K / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -352,7 +376,7 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, floa
 
 #else
 template <int KIND, int R>
-void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, float* y) {
+void tile_rows_one(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, float* y) {
   using S = Spec<KIND>;
   const int64_t blocks = K / kBlock;
   for (int r = 0; r < R; ++r) {
@@ -386,13 +410,40 @@ void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t K, floa
 }
 #endif
 
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+// AVX2 and plain C++: one tile at a time (each column's result is computed alone either way)
+template <int KIND, int R, int T>
+void tile_rows(const Quantized& a, int64_t m0, const uint8_t* w, int64_t tile_bytes, int64_t K, float* y) {
+  float one[R * kCols];
+  for (int t = 0; t < T; ++t) {
+    tile_rows_one<KIND, R>(a, m0, w + t * tile_bytes, K, one);
+    for (int r = 0; r < R; ++r) std::memcpy(y + r * kCols * T + t * kCols, one + r * kCols, sizeof(float) * kCols);
+  }
+}
+#endif
+
+template <int KIND, int kTiles>
+at::Tensor run_tiles(const at::Tensor& x, const at::Tensor& packed) {
+  const int64_t K = x.size(1), tile_bytes = packed.size(1) * packed.size(2);
+  return quantized_gemm<kTiles>(x, packed.data_ptr<uint8_t>(), packed.size(0) * kCols, tile_bytes,
+                                [&](auto rows, auto tiles, const Quantized& a, int64_t m, const uint8_t* w,
+                                    float* out) {
+                                  tile_rows<KIND, decltype(rows)::value, decltype(tiles)::value>(a, m, w, tile_bytes,
+                                                                                                 K, out);
+                                });
+}
+
+// Batches of rows take two tiles a pass (half the activation broadcasts); a lone row (decode) reads one stream a
+// thread, which memory serves faster than two (24 against 21 GB/s on a 1B layer stack). Q6_K keeps two chains a
+// digit for its sub-blocks: with two tiles its accumulators would not fit the registers. The bits are the same
+// either way: each column is computed alone.
 template <int KIND>
 at::Tensor run(const at::Tensor& x, const at::Tensor& packed) {
-  const int64_t K = x.size(1);
-  return quantized_gemm(x, packed.data_ptr<uint8_t>(), packed.size(0) * kCols, packed.size(1) * packed.size(2),
-                        [&](auto rows, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
-                          tile_rows<KIND, decltype(rows)::value>(a, m, w, K, out);
-                        });
+  if constexpr (KIND == gguf::kQ6_K) {
+    return run_tiles<KIND, 1>(x, packed);
+  } else {
+    return x.size(0) < kRows ? run_tiles<KIND, 1>(x, packed) : run_tiles<KIND, 2>(x, packed);
+  }
 }
 
 }  // namespace

@@ -165,7 +165,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, int64_t gr
   TORCH_CHECK(packed.size(1) * group == K, "packed weights cover ", packed.size(1) * group, " inputs, x has ", K);
   auto wc = packed.contiguous();
   return quantized_gemm(x, wc.data_ptr<uint8_t>(), packed.size(0) * kCols, packed.size(1) * packed.size(2),
-                        [&](auto rows, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
+                        [&](auto rows, auto, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
                           tile_rows<decltype(rows)::value>(a, m, w, K, kCols, group, out);
                         });
 }

@@ -119,7 +119,7 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed) {
               " inputs, x has ", K);
   auto wc = packed.contiguous();
   return quantized_gemm(x, wc.data_ptr<uint8_t>(), packed.size(0) * kCols, packed.size(1),
-                        [&](auto rows, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
+                        [&](auto rows, auto, const Quantized& a, int64_t m, const uint8_t* w, float* out) {
                           tile_rows<decltype(rows)::value>(a, m, w, K, out);
                         });
 }

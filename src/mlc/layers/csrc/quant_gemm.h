@@ -156,10 +156,15 @@ inline void store_row(T* out, const float* v, int64_t n) {
 
 template <int R>
 using Rows = std::integral_constant<int, R>;
+template <int T>
+using Tiles = std::integral_constant<int, T>;
 
-// y [M, N] in x's dtype = x [M, K] against packed weights, `tile_bytes` a tile of 16 columns. `tile(Rows<R>, a, m,
-// w, out)` computes rows [m, m + R) against the tile at w into out[r * 16 + column] (float); R is 4 or 1.
-template <typename Tile>
+// y [M, N] in x's dtype = x [M, K] against packed weights, `tile_bytes` a tile of 16 columns.
+// `tile(Rows<R>, Tiles<T>, a, m, w, out)` computes rows [m, m + R) against the T tiles that start at w (one after
+// the other, `tile_bytes` apart) into out[r * 16 T + 16 t + column] (float); R is 4 or 1, T is `kTiles` (and 1
+// for a last odd tile). Two tiles a pass let one broadcast of a row's activations feed two multiplies: a
+// broadcast from memory issues once a cycle, and with one tile it was every other instruction of the loop.
+template <int kTiles = 1, typename Tile>
 at::Tensor quantized_gemm(const at::Tensor& x, const uint8_t* w, int64_t N, int64_t tile_bytes, Tile tile) {
   auto xc = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock;
@@ -171,22 +176,29 @@ at::Tensor quantized_gemm(const at::Tensor& x, const uint8_t* w, int64_t N, int6
   int8_t* codes = reinterpret_cast<int8_t*>(sum16 + 2 * M * blocks);
   int8_t* low = codes + M * K;
   auto y = at::empty({M, N}, x.options());
-  const int64_t tiles = N / kCols, row_blocks = (M + 63) / 64;
+  const int64_t tiles = N / kCols, groups = (tiles + kTiles - 1) / kTiles, row_blocks = (M + 63) / 64;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantized_gemm", [&] {
     quantize_rows<scalar_t>(xc.data_ptr<scalar_t>(), M, K, codes, low, scale, sum, sum16);
     const Quantized a{codes, low, scale, sum, sum16};
     scalar_t* yp = y.data_ptr<scalar_t>();
-    // one work item: 64 rows against one tile, so a thread keeps its tile's weights in L1 across those rows
-    at::parallel_for(0, row_blocks * tiles, 1, [&](int64_t begin, int64_t end) {
-      float buf[64 * kCols];
+    // one work item: 64 rows against kTiles tiles, so a thread keeps those weights in L1 across the rows
+    at::parallel_for(0, row_blocks * groups, 1, [&](int64_t begin, int64_t end) {
+      float buf[64 * kCols * kTiles];
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t rb = item / tiles, t = item % tiles;
+        const int64_t rb = item / groups, t = item % groups * kTiles, width = std::min<int64_t>(kTiles, tiles - t);
         const uint8_t* wt = w + t * tile_bytes;
-        const int64_t first = rb * 64, stop = std::min(M, first + 64);
-        int64_t m = first;  // buf holds rows [first, stop) of this tile, kCols floats each
-        for (; m + kRows <= stop; m += kRows) tile(Rows<kRows>{}, a, m, wt, buf + (m - first) * kCols);
-        for (; m < stop; ++m) tile(Rows<1>{}, a, m, wt, buf + (m - first) * kCols);
-        for (m = first; m < stop; ++m) store_row(yp + m * N + t * kCols, buf + (m - first) * kCols, kCols);
+        const int64_t first = rb * 64, stop = std::min(M, first + 64), ld = width * kCols;
+        auto pass = [&](auto n) {  // buf holds rows [first, stop) of these tiles, ld floats each
+          int64_t m = first;
+          for (; m + kRows <= stop; m += kRows) tile(Rows<kRows>{}, n, a, m, wt, buf + (m - first) * ld);
+          for (; m < stop; ++m) tile(Rows<1>{}, n, a, m, wt, buf + (m - first) * ld);
+        };
+        if (width == kTiles) {
+          pass(Tiles<kTiles>{});
+        } else {
+          pass(Tiles<1>{});
+        }
+        for (int64_t m = first; m < stop; ++m) store_row(yp + m * N + t * kCols, buf + (m - first) * ld, ld);
       }
     });
   });
