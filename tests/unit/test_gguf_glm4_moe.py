@@ -90,8 +90,11 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_tiny_glm4_moe_gguf(path: Path, quant: dict[str, Q] | None = None, extra_meta=None, drop=()):
+def write_tiny_glm4_moe_gguf(path: Path, quant: dict[str, Q] | None = None, extra_meta=None, drop=(), pad=1):
+    """`pad`: the vocabulary padded to a multiple of it (16: the head fits the gguf kernel's tiles)."""
     tokens, merges, types = byte_vocab()
+    extra = -len(tokens) % pad
+    tokens, types = tokens + [f"<|extra_{i}|>" for i in range(extra)], types + [3] * extra
     model = tiny_hf_glm4_moe(len(tokens))
     tensors = {}
     for gname, w in gguf_tensors(model).items():
@@ -203,3 +206,72 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     path = write_gguf(tmp_path / "q.gguf", {"token_embd.weight": (np.zeros((4, 8), np.float32), None)}, arch="qwen3moe")
     with pytest.raises(ModelFormatError, match=r"'qwen3moe' is not supported; mlc converts llama, glm4, glm4moe GGUFs"):
         convert_gguf(path, tmp_path / "out")
+
+
+def _quantized_file(path: Path, kind, **override) -> None:
+    """Every matrix in `kind` but the router's (llama.cpp keeps ffn_gate_inp in F32) and the embedding."""
+    names = gguf_tensors(tiny_hf_glm4_moe(len(byte_vocab()[0])))
+    quant = {n: kind for n, w in names.items() if w.ndim >= 2 and "nextn" not in n and "ffn_gate_inp" not in n}
+    write_tiny_glm4_moe_gguf(path, quant={**quant, **override}, pad=16)
+
+
+def _experts_close(ours, reference, layer: int) -> None:
+    """Layer `layer`'s experts on the same tokens and routing as the float reference, within the activations'
+    rounding."""
+    torch.manual_seed(layer)
+    x = torch.randn(7, TINY["hidden"])
+    ids = torch.randint(0, TINY["experts"], (7, TINY["top_k"]))
+    weights = torch.rand(7, TINY["top_k"])
+    with torch.no_grad():
+        got = ours.model.layers[layer].mlp.experts(x, ids, weights)
+        want = reference.model.layers[layer].mlp.experts(x, ids, weights)
+    assert ((got - want).norm() / want.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q4_0])
+def test_routed_experts_are_served_from_their_stacked_blocks(kind, tmp_path, monkeypatch):
+    """As llama.cpp's files are quantized: each expert is a pair of GGUFLinears over slices of the stacks, equal to
+    the same file's experts dequantized within the activations' rounding, and the model predicts as that one."""
+    from mlc.layers.gguf_linear import GGUFLinear, gguf_kernels_available
+    from mlc.layers.quant_moe import QuantizedExperts
+    from mlc.models.loader import load_model
+
+    if not gguf_kernels_available():
+        pytest.skip("the gguf kernel needs the C++ CPU kernels")
+    monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
+    _quantized_file(tmp_path / "q.gguf", kind)
+    model = load_model(str(tmp_path / "q.gguf"), dtype="float32")
+    reference = load_model(str(tmp_path / "q.gguf"), dtype="float32", weight_dtype="fp32")
+    for layer in (1, 2):
+        experts = model.model.layers[layer].mlp.experts
+        assert isinstance(experts, QuantizedExperts) and experts.n_experts == TINY["experts"]
+        assert all(isinstance(m, GGUFLinear) and m.kernel == f"gguf-{kind.name}"
+                   for m in (*experts.gate_up, *experts.down))
+        _experts_close(model, reference, layer)
+    assert model.weight_info.startswith(f"the GGUF's own {kind.name} blocks (gguf kernel, ")
+    ours, want = model.dense_logits([IDS])[0], reference.dense_logits([IDS])[0]
+    assert ((ours - want).norm() / want.norm()).item() < 1e-4
+    assert torch.equal(ours.argmax(-1), want.argmax(-1))
+
+
+def test_a_layer_whose_stacks_the_kernel_cannot_read_is_dequantized(tmp_path, monkeypatch):
+    """Layer 2's down stack in F16: that layer's experts are loaded as floats and quantized as the file's body
+    (int8 for a Q8_0 file); layer 1's are served from their blocks."""
+    from mlc.layers.gguf_linear import GGUFLinear, gguf_kernels_available
+    from mlc.layers.quant_linear import Int8Linear
+    from mlc.layers.quant_moe import QuantizedExperts
+    from mlc.models.loader import load_model
+
+    if not gguf_kernels_available():
+        pytest.skip("the gguf kernel needs the C++ CPU kernels")
+    monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
+    _quantized_file(tmp_path / "m.gguf", Q.Q8_0, **{"blk.2.ffn_down_exps.weight": Q.F16})
+    model = load_model(str(tmp_path / "m.gguf"), dtype="float32")
+    served, loaded = model.model.layers[1].mlp.experts, model.model.layers[2].mlp.experts
+    assert isinstance(served.down[0], GGUFLinear)
+    assert isinstance(loaded, QuantizedExperts) and isinstance(loaded.down[0], Int8Linear)
+    reference = load_model(str(tmp_path / "m.gguf"), dtype="float32", weight_dtype="fp32")
+    _experts_close(model, reference, 1)
+    ours, want = model.dense_logits([IDS])[0], reference.dense_logits([IDS])[0]
+    assert ((ours - want).norm() / want.norm()).item() < 1e-2  # layer 2's experts requantized to int8
+    assert torch.equal(ours.argmax(-1), want.argmax(-1))

@@ -23,7 +23,7 @@ def gguf_types(path: Path) -> Counter:
     from mlc.models.gguf.dequant import quant_type_name
     from mlc.models.gguf.reader import open_gguf_tensors
 
-    return Counter(quant_type_name(t) for t in open_gguf_tensors(path).reader.tensors if len(t.shape) == 2)
+    return Counter(quant_type_name(t) for t in open_gguf_tensors(path).reader.tensors if len(t.shape) >= 2)
 
 
 def describe_types(types: Counter) -> str:
@@ -33,11 +33,19 @@ def describe_types(types: Counter) -> str:
 
 
 def bytes_per_token(path: Path) -> int:
-    """Weight bytes a decode step reads from a dense GGUF: every matrix once, the token embedding only where it is
-    also the (tied) head (a lookup reads one row of it)."""
+    """Weight bytes a decode step reads from a GGUF: every matrix once, the token embedding only where it is also
+    the (tied) head (a lookup reads one row of it), and of a MoE layer's stacked experts only the share one token
+    routes to (`expert_used_count` of `expert_count`)."""
     from mlc.models.gguf.reader import open_gguf_tensors
 
-    tensors = open_gguf_tensors(path).reader.tensors
+    gf = open_gguf_tensors(path)
+    tensors = gf.reader.tensors
     tied = not any(t.name == "output.weight" for t in tensors)
-    return sum(int(t.data.nbytes) for t in tensors
-               if len(t.shape) == 2 and (t.name != "token_embd.weight" or tied))
+    routed = int(gf.arch_key("expert_used_count", 0) or 0) / max(1, int(gf.arch_key("expert_count", 1) or 1))
+    total = 0.0
+    for t in tensors:
+        if len(t.shape) == 3 and "_exps." in t.name:
+            total += t.data.nbytes * routed
+        elif len(t.shape) == 2 and (t.name != "token_embd.weight" or tied):
+            total += t.data.nbytes
+    return int(total)

@@ -108,8 +108,8 @@ def info_cmd(name: str = typer.Argument(..., help="A model in the store.")) -> N
 
 @models_app.command("synth")
 def synth_cmd(
-    arch: str = typer.Argument(..., help="llama or glm4."),
-    size: str = typer.Option(..., "--size", help="llama: 135M, 1B, 3B, 8B; glm4: 1.5B, 9B (`--list` shows them)."),
+    arch: str = typer.Argument(..., help="llama, glm4 or glm4moe."),
+    size: str = typer.Option(..., "--size", help="llama: 135M, 1B, 3B, 8B; glm4: 1.5B, 9B; glm4moe: 2B."),
     quant: str = typer.Option("Q4_0", "--quant", help="F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (from normal weights); "
                               "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (random blocks); or a llama-quantize mix such as "
                               "Q4_K_M or Q5_K_M (needs llama-quantize: --llama-quantize, or the one `bench compare` "
@@ -126,7 +126,8 @@ def synth_cmd(
 
     shape = synth.shape_for(arch, size)
     path = out or mlc_home() / "synthetic" / f"{arch}-{size}-{quant}.gguf"
-    console.print(f"{arch} {size} ({shape.like}): {shape.params() / 1e9:.2f}B parameters, {quant} -> {path}",
+    active = f" ({shape.params(active=True) / 1e9:.2f}B read per token)" if shape.experts else ""
+    console.print(f"{arch} {size} ({shape.like}): {shape.params() / 1e9:.2f}B parameters{active}, {quant} -> {path}",
                   highlight=False)
     mix = quant.upper() in synth.MIXES
     tool = _llama_quantize(llama_quantize) if mix else None

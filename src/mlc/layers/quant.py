@@ -189,7 +189,7 @@ class _Quantizer:
                 and self.fits(name + ".down_proj", experts.down_proj.shape[-1])):
             return experts
         row = experts.split > 1  # experts split inside: down_proj holds a slice of each expert's inputs
-        return QuantizedExperts(experts, lambda proj, w, shards: self.make(
+        return QuantizedExperts.of(experts, lambda proj, w, shards: self.make(
             f"{name}.{proj}", w, None, shards, row and proj == "down_proj"))
 
 

@@ -16,13 +16,21 @@ LayerFactory = Callable[[str, torch.Tensor, list[int] | None], QuantizedLinear] 
 
 
 class QuantizedExperts(nn.Module):
-    def __init__(self, experts: RoutedExperts, make: LayerFactory):
+    """Experts `first`..`first + len(down)` of `total`: expert e runs `down[e](silu(gate) * up)` of `gate_up[e](x)`."""
+
+    def __init__(self, gate_up: list[QuantizedLinear], down: list[QuantizedLinear], total: int, first: int = 0):
         super().__init__()
-        self.n_experts, self.total, self.first = experts.n_experts, experts.total, experts.first
+        self.n_experts, self.total, self.first = len(down), total, first
+        self.gate_up = nn.ModuleList(gate_up)
+        self.down = nn.ModuleList(down)
+
+    @classmethod
+    def of(cls, experts: RoutedExperts, make: LayerFactory) -> QuantizedExperts:
+        """Each of `experts`' float weights quantized by `make`."""
         inter = experts.gate_up_proj.shape[1] // 2
-        n = range(self.n_experts)
-        self.gate_up = nn.ModuleList(make("gate_up_proj", experts.gate_up_proj[e], [inter, inter]) for e in n)
-        self.down = nn.ModuleList(make("down_proj", experts.down_proj[e], None) for e in n)
+        n = range(experts.n_experts)
+        return cls([make("gate_up_proj", experts.gate_up_proj[e], [inter, inter]) for e in n],
+                   [make("down_proj", experts.down_proj[e], None) for e in n], experts.total, experts.first)
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return dispatch_experts(x, ids, weights, self.total, self._expert, self.first, self.n_experts)

@@ -1,8 +1,8 @@
 """Random-weight GGUF checkpoints of real architectures and sizes (`mlc-cli models synth`): what speed is measured on
 where the real weights cannot be downloaded. The shapes are the real models' (Llama-3.2-1B/3B, Llama-3.1-8B,
-SmolLM2-135M, GLM-4-9B-0414 and a narrower GLM-4-0414), the tokenizer the default model's with its vocabulary padded
-to the real size (the timing is real, the text is not), the tensor names and layouts llama.cpp's converter writes,
-so llama.cpp loads the same file.
+SmolLM2-135M, GLM-4-9B-0414 and a narrower GLM-4-0414, GLM-4.5-Air's MoE layout scaled down), the tokenizer the
+default model's with its vocabulary padded to the real size (the timing is real, the text is not), the tensor names
+and layouts llama.cpp's converter writes, so llama.cpp loads the same file.
 
 Written tensor by tensor (a few hundred MB of memory at 8B): F16, F32 and the types the `gguf` package quantizes
 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) from normal weights; the K-quant and IQ4 types as random blocks (each code and
@@ -33,7 +33,7 @@ STD = 0.02  # the weights' standard deviation (HF's initializer range)
 
 @dataclass(frozen=True)
 class Shape:
-    arch: str  # the GGUF architecture: llama or glm4
+    arch: str  # the GGUF architecture: llama, glm4 or glm4moe
     hidden: int
     layers: int
     heads: int
@@ -46,10 +46,21 @@ class Shape:
     like: str  # the real model it copies
     rope_dim: int | None = None  # glm4: half the head
     bias: bool = False  # glm4: q, k and v biases
+    experts: int = 0  # glm4moe: routed experts (stacked), of which top_k run per token, beside `shared` always run
+    top_k: int = 0
+    shared: int = 0
+    moe_ffn: int = 0  # one expert's intermediate size
+    dense_layers: int = 0  # the leading layers with a dense MLP of `ffn`
 
-    def params(self) -> int:
+    def params(self, active: bool = False) -> int:
+        """Parameters in all; with `active`, those one token reads (top_k of the routed experts)."""
         attn = self.hidden * (2 * self.heads + 2 * self.kv_heads) * self.head_dim
-        return self.layers * (attn + 3 * self.hidden * self.ffn) + self.vocab * self.hidden * (1 if self.tied else 2)
+        dense = 3 * self.hidden * self.ffn
+        routed = self.top_k if active else self.experts
+        moe = 3 * self.hidden * self.moe_ffn * (routed + self.shared) + self.hidden * self.experts
+        mlp = dense * self.layers if not self.experts else dense * self.dense_layers + moe * (
+            self.layers - self.dense_layers)
+        return self.layers * attn + mlp + self.vocab * self.hidden * (1 if self.tied else 2)
 
 
 SHAPES = {
@@ -61,7 +72,11 @@ SHAPES = {
                        "GLM-4-9B-0414 at half width, 24 layers", rope_dim=64, bias=True),
     "glm4-9B": Shape("glm4", 4096, 40, 32, 2, 128, 13696, 151552, False, 10000.0, "GLM-4-9B-0414", rope_dim=64,
                      bias=True),
+    "glm4moe-2B": Shape("glm4moe", 2048, 12, 16, 4, 128, 5632, 151552, False, 1000000.0,
+                        "GLM-4.5-Air at half width, 12 layers, 32 experts (2 routed + 1 shared)", rope_dim=64,
+                        bias=True, experts=32, top_k=2, shared=1, moe_ffn=768, dense_layers=1),
 }
+F32_MATRICES = ("ffn_gate_inp",)  # the router stays F32 (llama.cpp's converter and llama-quantize keep it so)
 
 
 def shape_for(arch: str, size: str) -> Shape:
@@ -83,7 +98,9 @@ def _tensors(s: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
             if s.bias:
                 yield b + what + ".bias", (rows * s.head_dim,)
         yield b + "attn_output.weight", (s.hidden, s.heads * s.head_dim)
-        if s.arch == "glm4":
+        if s.arch == "glm4moe":
+            yield from _glm4moe_mlp(s, i)
+        elif s.arch == "glm4":
             yield b + "post_attention_norm.weight", (s.hidden,)
             yield b + "ffn_norm.weight", (s.hidden,)
             yield b + "ffn_up.weight", (2 * s.ffn, s.hidden)  # gate and up fused, as GLM-4 stores them
@@ -97,6 +114,29 @@ def _tensors(s: Shape) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "output_norm.weight", (s.hidden,)
     if not s.tied:
         yield "output.weight", (s.vocab, s.hidden)
+
+
+def _glm4moe_mlp(s: Shape, i: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+    b = f"blk.{i}."
+    yield b + "post_attention_norm.weight", (s.hidden,)
+    if i < s.dense_layers:
+        yield b + "ffn_gate.weight", (s.ffn, s.hidden)
+        yield b + "ffn_up.weight", (s.ffn, s.hidden)
+        yield b + "ffn_down.weight", (s.hidden, s.ffn)
+        return
+    yield b + "ffn_gate_inp.weight", (s.experts, s.hidden)
+    yield b + "exp_probs_b.bias", (s.experts,)
+    yield b + "ffn_gate_exps.weight", (s.experts, s.moe_ffn, s.hidden)
+    yield b + "ffn_up_exps.weight", (s.experts, s.moe_ffn, s.hidden)
+    yield b + "ffn_down_exps.weight", (s.experts, s.hidden, s.moe_ffn)
+    yield b + "ffn_gate_shexp.weight", (s.moe_ffn * s.shared, s.hidden)
+    yield b + "ffn_up_shexp.weight", (s.moe_ffn * s.shared, s.hidden)
+    yield b + "ffn_down_shexp.weight", (s.hidden, s.moe_ffn * s.shared)
+
+
+def _type(name: str, shape: tuple[int, ...], kind: str) -> str:
+    """The type a tensor is written in: `kind` for the matrices (and expert stacks), F32 for the rest."""
+    return kind if len(shape) >= 2 and name.split(".")[-2] not in F32_MATRICES else "F32"
 
 
 def _random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -119,7 +159,8 @@ def _values(name: str, shape: tuple[int, ...], kind: str, rng: np.random.Generat
         base = 0.0 if name.endswith(".bias") else 1.0
         return (base + rng.standard_normal(shape, dtype=np.float32) * 0.05).astype(np.float32)
     if kind in RANDOM_BLOCKS:
-        return _random_blocks(kind, shape[0], shape[1], rng)
+        blocks = _random_blocks(kind, int(np.prod(shape[:-1])), shape[-1], rng)
+        return blocks.reshape(*shape[:-1], blocks.shape[-1])
     w = rng.standard_normal(shape, dtype=np.float32) * STD
     if kind == "F32":
         return w
@@ -157,6 +198,23 @@ def _metadata(writer, s: Shape, kind: str) -> None:
     writer.add_pad_token_id(tok["padding"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(tok["template"])
+    if s.experts:
+        _moe_metadata(writer, s)
+
+
+def _moe_metadata(writer, s: Shape) -> None:
+    """glm4moe's keys, as GLM-4.5's converter writes them (sigmoid router scaled by 1.0, no NextN layer)."""
+    from gguf import ExpertGatingFuncType
+
+    writer.add_expert_count(s.experts)
+    writer.add_expert_used_count(s.top_k)
+    writer.add_expert_shared_count(s.shared)
+    writer.add_expert_feed_forward_length(s.moe_ffn)
+    writer.add_leading_dense_block_count(s.dense_layers)
+    writer.add_expert_weights_scale(1.0)
+    writer.add_expert_weights_norm(True)
+    writer.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    writer.add_nextn_predict_layers(0)
 
 
 @functools.cache
@@ -189,15 +247,17 @@ def write_synthetic(shape: Shape, kind: str, out: Path, seed: int = 0,
     if kind not in DIRECT + RANDOM_BLOCKS:
         raise ConfigError(f"--quant {kind} cannot be written directly; use one of {', '.join(DIRECT + RANDOM_BLOCKS)}"
                           f" or a llama-quantize mix ({', '.join(MIXES)})")
-    if kind in RANDOM_BLOCKS and shape.hidden % 256:
-        raise ConfigError(f"{kind} needs rows of whole 256-value super-blocks; hidden size {shape.hidden} is not; "
+    widths = {"hidden": shape.hidden, "intermediate": shape.ffn, "expert intermediate": shape.moe_ffn}
+    odd = next(((what, n) for what, n in widths.items() if n % 256), None)
+    if kind in RANDOM_BLOCKS and odd is not None:
+        raise ConfigError(f"{kind} needs rows of whole 256-value super-blocks; {odd[0]} size {odd[1]} is not; "
                           "use Q4_0, Q8_0 or F16 for this shape (or a llama-quantize mix, which falls back per tensor)")
     out.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(str(out), shape.arch)
     _metadata(writer, shape, kind)
     plan = list(_tensors(shape))
     for name, shp in plan:
-        t = kind if len(shp) == 2 else "F32"
+        t = _type(name, shp, kind)
         if t in ("F32", "F16"):
             dtype = np.float32 if t == "F32" else np.float16
             writer.add_tensor_info(name, shp, np.dtype(dtype), int(np.prod(shp)) * np.dtype(dtype).itemsize)
@@ -211,7 +271,7 @@ def write_synthetic(shape: Shape, kind: str, out: Path, seed: int = 0,
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for i, (name, shp) in enumerate(plan):
-        writer.write_tensor_data(_values(name, shp, kind if len(shp) == 2 else "F32", rng))
+        writer.write_tensor_data(_values(name, shp, _type(name, shp, kind), rng))
         if progress is not None:
             progress(i + 1, len(plan), name)
     writer.close()

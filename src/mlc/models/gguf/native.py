@@ -7,14 +7,17 @@ as the model's weight plan says (logged by type, with what it became). No float 
 anywhere, and a matrix served from its blocks is never held in float.
 
 A layer is served from its blocks when every tensor it is made of (q, k and v for a fused qkv_proj, gate and up for
-a fused gate_up_proj) is of a type that path reads.
+a fused gate_up_proj) is of a type that path reads. A glm4moe file's routed experts, stacked per layer, become
+one pair of `GGUFLinear`s per expert over slices of the stacks (`native_moe.py`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +41,9 @@ from mlc.layers.quant_linear import Int4Linear
 from mlc.models.base import CausalLM, Embedding
 from mlc.models.gguf.blocks import INT4_TYPES, int4_codes
 from mlc.models.gguf.dequant import dequantize_tensor, quant_type_name
+from mlc.models.gguf.glm4_moe import glm4_moe_tensor_name
 from mlc.models.gguf.llama_tensors import hf_tensor_name, unpermute_rope_rows
+from mlc.models.gguf.native_moe import Stacks, check_stacks, float_experts, gguf_experts, servable, stacked_projection
 from mlc.models.gguf.reader import GGUFFile
 
 # a GGUF's tensor type -> the weight dtype it is served in where it is not served from its blocks (its own bit
@@ -48,7 +53,7 @@ GGUF_WEIGHT_DTYPES = {
     **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"), "int8"),
     "F16": "fp16", "BF16": "bf16",
 }
-ARCHITECTURES = ("llama", "glm4")  # dense GGUF layouts read tensor by tensor here (glm4moe: gguf/glm4_moe.py)
+ARCHITECTURES = ("llama", "glm4", "glm4moe")  # GGUF layouts read tensor by tensor here
 
 log = logging.getLogger("mlc.models")
 
@@ -174,18 +179,22 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
     report = NativeReport()
     modules = dict(net.named_modules())
     by_module: dict[str, list[_Part]] = defaultdict(list)
+    stacks: Stacks = defaultdict(dict)
+    name_of = _hf_names(gf, cfg)
     for t in gf.reader.tensors:
-        if t.name == "rope_freqs.weight":
-            continue  # folded into rope_parameters when config.json was written
-        hf = hf_tensor_name(t.name, gf.architecture)
+        if (stacked := stacked_projection(t.name)) is not None:
+            if stacked[0] < cfg["num_hidden_layers"]:
+                stacks[stacked[0]][stacked[1]] = t
+            continue
+        hf = name_of(t.name)
         if hf is None:
-            raise ModelFormatError(f"{gf.path.name}: tensor {t.name!r} has no place in a dense {gf.architecture} "
-                                   "model; this GGUF holds a variant mlc does not read")
+            continue
         target = net.map_weight_name(hf)
         if target is None:
             continue
         module_name, _, attr = target.param.rpartition(".")
         by_module[module_name].append(_Part(t, hf, target.shard, attr == "bias"))
+    check_stacks(gf, stacks)
     served: set[str] = set()
     if native:
         report.kernel = "gguf" if gguf_kernels_available() else "int4"
@@ -202,17 +211,62 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
             served.add(module_name)
             report.layers += 1
             report.tensors.update(quant_type_name(p.tensor) for p in parts if not p.is_bias)
+    float_stacks = _experts(net, stacks, native and report.kernel == "gguf", report)
     rest = [p for name, parts in by_module.items() if name not in served for p in parts]
     for name, parts in by_module.items():
         kinds = [quant_type_name(p.tensor) for p in parts if not p.is_bias and len(p.tensor.shape) == 2]
         if name not in served and kinds and isinstance(modules.get(name), Linear):
             report.module_types[name] = Counter(kinds).most_common(1)[0][0]
             report.dequantized.update(k for k in kinds if k not in ("F32", "F16", "BF16"))
+    for layer, stack in float_stacks.items():
+        kinds = [quant_type_name(t) for t in stack.values()]
+        report.module_types[f"model.layers.{layer}.mlp.experts"] = Counter(kinds).most_common(1)[0][0]
+        report.dequantized.update(k for k in kinds if k not in ("F32", "F16", "BF16"))
     if native:
-        _log_dequantized(rest)
+        _log_dequantized(rest + [_Part(t, "", None, False) for stack in float_stacks.values() for t in stack.values()])
     with torch.no_grad():
-        net.load_weights(_float_tensors(gf, cfg, rest))
+        stacked = (pair for layer, stack in float_stacks.items() for pair in float_experts(layer, stack))
+        net.load_weights(itertools.chain(_float_tensors(gf, cfg, rest), stacked))
     return report
+
+
+def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
+    """A GGUF tensor name -> its HF name (None: a tensor the forward does not use); a tensor with no place in the
+    architecture is an error."""
+    first_moe, n_layers = cfg.get("first_k_dense_replace", 0), cfg["num_hidden_layers"]
+
+    def name_of(name: str) -> str | None:
+        if name == "rope_freqs.weight":
+            return None  # folded into rope_parameters when config.json was written
+        if gf.architecture == "glm4moe":
+            if (layer := re.match(r"blk\.(\d+)\.", name)) and int(layer[1]) >= n_layers:
+                return None  # a multi-token-prediction (NextN) layer: only speculative decoding would use it
+            hf = glm4_moe_tensor_name(name, first_moe)
+        else:
+            hf = hf_tensor_name(name, gf.architecture)
+        if hf is None:
+            raise ModelFormatError(f"{gf.path.name}: tensor {name!r} has no place in a {gf.architecture} model "
+                                   f"as its config.json describes it; this GGUF holds a variant mlc does not read")
+        return hf
+
+    return name_of
+
+
+def _experts(net: CausalLM, stacks: Stacks, gguf: bool, report: NativeReport) -> Stacks:
+    """Each MoE layer's routed experts served from their stacked blocks where `gguf` and the kernel reads them; the
+    stacks left to be dequantized."""
+    rest: Stacks = {}
+    for layer, stack in sorted(stacks.items()):
+        name = f"model.layers.{layer}.mlp.experts"
+        module = net.get_submodule(name)
+        if not (gguf and servable(stack, module)):
+            rest[layer] = stack
+            continue
+        experts = gguf_experts(stack, module)
+        _swap(net, name, experts)
+        report.layers += 2 * experts.n_experts
+        report.tensors.update(quant_type_name(t) for t in stack.values())
+    return rest
 
 
 def _log_dequantized(parts: list[_Part]) -> None:
@@ -220,7 +274,7 @@ def _log_dequantized(parts: list[_Part]) -> None:
     by_type: dict[str, list[str]] = defaultdict(list)
     for p in parts:
         kind = quant_type_name(p.tensor)
-        if kind not in ("F32", "F16", "BF16") and len(p.tensor.shape) == 2:
+        if kind not in ("F32", "F16", "BF16") and len(p.tensor.shape) >= 2:
             by_type[kind].append(p.tensor.name)
     for kind, names in by_type.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
