@@ -35,6 +35,7 @@ from mlc.layers.gguf_linear import (
     gguf_kernels_available,
 )
 from mlc.layers.linear import Linear, MergedLinear
+from mlc.layers.moe import RoutedExperts
 from mlc.layers.quant import _swap
 from mlc.layers.quant_kernels import pack_int4
 from mlc.layers.quant_linear import Int4Linear
@@ -225,8 +226,8 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
     if native:
         _log_dequantized(rest + [_Part(t, "", None, False) for stack in float_stacks.values() for t in stack.values()])
     with torch.no_grad():
-        stacked = (pair for layer, stack in float_stacks.items() for pair in float_experts(layer, stack))
-        net.load_weights(itertools.chain(_float_tensors(gf, cfg, rest), stacked))
+        experts = (pair for layer, stack in float_stacks.items() for pair in float_experts(layer, stack))
+        net.load_weights(itertools.chain(_float_tensors(gf, cfg, rest), experts))
     return report
 
 
@@ -259,7 +260,7 @@ def _experts(net: CausalLM, stacks: Stacks, gguf: bool, report: NativeReport) ->
     for layer, stack in sorted(stacks.items()):
         name = f"model.layers.{layer}.mlp.experts"
         module = net.get_submodule(name)
-        if not (gguf and servable(stack, module)):
+        if not (gguf and isinstance(module, RoutedExperts) and servable(stack, module)):
             rest[layer] = stack
             continue
         experts = gguf_experts(stack, module)

@@ -52,9 +52,9 @@ def _expert_part(tensor, e: int) -> GGUFPart:
                     f"{tensor.name}[{e}]")
 
 
-def servable(stack: dict[str, Any], module: object) -> bool:
+def servable(stack: dict[str, Any], module: RoutedExperts) -> bool:
     """The gguf kernel reads every stack of this layer, and this process holds every expert whole."""
-    if not isinstance(module, RoutedExperts) or module.split != 1 or module.n_experts != module.total:
+    if module.split != 1 or module.n_experts != module.total:
         return False
     return all(_dims(t)[0] == module.total and gguf_kernel_fits(quant_type_name(t), *_dims(t)[1:])
                for t in stack.values())
