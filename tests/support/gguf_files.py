@@ -123,10 +123,12 @@ _AMPLITUDE = {"Q4_0": 8, "Q4_1": 15, "Q5_0": 16, "Q5_1": 31, "Q8_0": 128, "Q4_K"
 
 
 def write_random_llama_gguf(path: Path, kind: str, hidden: int = 256, ffn: int = 256, layers: int = 2,
-                            heads: int = 4, kv_heads: int = 2, kinds: dict[str, str] | None = None) -> Path:
+                            heads: int = 4, kv_heads: int = 2, kinds: dict[str, str] | None = None,
+                            extra: dict | None = None) -> Path:
     """A llama GGUF whose matrices are random blocks of `kind` (any type, K-quants included: the `gguf` package
     cannot quantize to those, and random blocks are valid ones), the vocabulary padded to a multiple of 16 so the
-    tied head fits the gguf kernel's tiles. `kinds` overrides the type per tensor kind (e.g. {"attn_v": "Q6_K"})."""
+    tied head fits the gguf kernel's tiles. `kinds` overrides the type per tensor kind (e.g. {"attn_v": "Q6_K"});
+    `extra` adds tensors (name -> (array, type or None))."""
     from tests.support.kernel_inputs import random_gguf_blocks
 
     tokens, merges, types = byte_vocab()
@@ -160,4 +162,4 @@ def write_random_llama_gguf(path: Path, kind: str, hidden: int = 256, ffn: int =
         "add_bos_token_id": 1, "add_eos_token_id": 2, "add_pad_token_id": 0, "add_add_bos_token": False,
         "add_chat_template": CHATML,
     }
-    return write_gguf(path, tensors, meta=meta)
+    return write_gguf(path, {**tensors, **(extra or {})}, meta=meta)

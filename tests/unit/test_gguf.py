@@ -222,7 +222,7 @@ def test_unsupported_architecture(tmp_path):
 def test_not_a_gguf(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"not a gguf file at all" * 10)
-    with pytest.raises(ModelFormatError, match="not a readable GGUF"):
+    with pytest.raises(ModelFormatError, match="is not a GGUF file"):
         open_gguf(bad)
 
 
@@ -230,7 +230,7 @@ def test_truncated_gguf(tmp_path):
     path = tmp_path / "t.gguf"
     write_tiny_llama_gguf(path)
     path.write_bytes(path.read_bytes()[:-5000])
-    with pytest.raises(ModelFormatError, match="not a readable GGUF"):
+    with pytest.raises(ModelFormatError, match="the file is truncated: download it again"):
         open_gguf(path)
 
 

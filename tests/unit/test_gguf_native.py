@@ -73,3 +73,15 @@ def test_the_default_path_generates_from_the_blocks(home):
     assert llm.engine.weights.startswith("the GGUF's own Q5_K blocks (gguf kernel")
     out = llm.generate([IDS[0][:9]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 12
+
+
+def test_a_tensor_with_no_place_in_the_architecture_is_a_clear_error(home):
+    """A llama file carrying stacked experts (a MoE variant mlc does not read as llama) is refused by name."""
+    import numpy as np
+
+    from mlc.errors import ModelFormatError
+
+    extra = {"blk.0.ffn_gate_exps.weight": (np.zeros((4, 256, 256), np.float32), None)}
+    path = write_random_llama_gguf(home / "m.gguf", "Q4_0", extra=extra)
+    with pytest.raises(ModelFormatError, match=r"'blk.0.ffn_gate_exps.weight' has no place in a llama model"):
+        load_model(str(path), dtype="float32")

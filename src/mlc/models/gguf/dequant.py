@@ -37,11 +37,12 @@ def check_quant_types(gf: GGUFFile) -> None:
 
 def dequantize_tensor(tensor) -> np.ndarray:
     """fp32 array in numpy (row-major, HF `[out, in]`) order."""
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     shape = tuple(int(n) for n in reversed(tensor.shape))
     try:
-        values = dequantize(tensor.data, tensor.tensor_type)
+        values = dequantize(tensor.data, GGMLQuantizationType(int(tensor.tensor_type)))
     except NotImplementedError:
         raise ModelFormatError(
             f"tensor {tensor.name!r} is stored as {quant_type_name(tensor)}, which mlc cannot dequantize; "

@@ -183,7 +183,7 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
     stacks: Stacks = defaultdict(dict)
     name_of = _hf_names(gf, cfg)
     for t in gf.reader.tensors:
-        if (stacked := stacked_projection(t.name)) is not None:
+        if gf.architecture == "glm4moe" and (stacked := stacked_projection(t.name)) is not None:
             if stacked[0] < cfg["num_hidden_layers"]:
                 stacks[stacked[0]][stacked[1]] = t
             continue
