@@ -147,8 +147,8 @@ def markdown(summary: dict) -> str:
                      f" | {_pair(row.get('tpot_ms_c1'))} | {_bandwidth(row, summary['read_gb_s'])} | "
                      f"{_x(_inverse(row.get('ttft_ms_c1')))} | {_x(row.get('prefill_tok_s'))} | {ppl_cell} |")
     lines += ["", "Ratios are mlc / llama.cpp (TTFT: llama.cpp's time / ours, so above 1 is ours faster). Bandwidth: "
-              "the weight bytes a decode step reads (every matrix; the embedding only as a tied head) / TPOT at "
-              "c=1, as a share of the measured read bandwidth.", ""]
+              "the weight bytes a decode step reads (every matrix; the embedding only as a tied head; of MoE experts, "
+              "the routed share) / TPOT at c=1, as a share of the measured read bandwidth.", ""]
     return "\n".join(lines)
 
 
