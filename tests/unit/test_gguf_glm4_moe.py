@@ -21,6 +21,7 @@ from gguf.quants import quantize as lib_quantize
 from mlc.errors import ModelFormatError
 from mlc.models.gguf.convert import convert_gguf
 from tests.support.gguf_files import byte_vocab, write_gguf
+from tests.support.kernel_marks import needs_cpu_kernels
 
 TINY = dict(hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, ffn=96, moe_ffn=32, experts=4, top_k=2)
 IDS = [5, 70, 80, 200, 9, 1, 33, 120]
@@ -229,15 +230,14 @@ def _experts_close(ours, reference, layer: int) -> None:
 
 
 @pytest.mark.parametrize("kind", [Q.Q8_0, Q.Q4_0])
+@needs_cpu_kernels  # the gguf kernel serves the experts' blocks
 def test_routed_experts_are_served_from_their_stacked_blocks(kind, tmp_path, monkeypatch):
     """As llama.cpp's files are quantized: each expert is a pair of GGUFLinears over slices of the stacks, equal to
     the same file's experts dequantized within the activations' rounding, and the model predicts as that one."""
-    from mlc.layers.gguf_linear import GGUFLinear, gguf_kernels_available
+    from mlc.layers.gguf_linear import GGUFLinear
     from mlc.layers.quant_moe import QuantizedExperts
     from mlc.models.loader import load_model
 
-    if not gguf_kernels_available():
-        pytest.skip("the gguf kernel needs the C++ CPU kernels")
     monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
     _quantized_file(tmp_path / "q.gguf", kind)
     model = load_model(str(tmp_path / "q.gguf"), dtype="float32")
@@ -254,16 +254,15 @@ def test_routed_experts_are_served_from_their_stacked_blocks(kind, tmp_path, mon
     assert torch.equal(ours.argmax(-1), want.argmax(-1))
 
 
+@needs_cpu_kernels  # the gguf kernel serves the other layer's experts
 def test_a_layer_whose_stacks_the_kernel_cannot_read_is_dequantized(tmp_path, monkeypatch):
     """Layer 2's down stack in F16: that layer's experts are loaded as floats and quantized as the file's body
     (int8 for a Q8_0 file); layer 1's are served from their blocks."""
-    from mlc.layers.gguf_linear import GGUFLinear, gguf_kernels_available
+    from mlc.layers.gguf_linear import GGUFLinear
     from mlc.layers.quant_linear import Int8Linear
     from mlc.layers.quant_moe import QuantizedExperts
     from mlc.models.loader import load_model
 
-    if not gguf_kernels_available():
-        pytest.skip("the gguf kernel needs the C++ CPU kernels")
     monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
     _quantized_file(tmp_path / "m.gguf", Q.Q8_0, **{"blk.2.ffn_down_exps.weight": Q.F16})
     model = load_model(str(tmp_path / "m.gguf"), dtype="float32")

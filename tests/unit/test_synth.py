@@ -12,7 +12,7 @@ from mlc.errors import ConfigError
 from mlc.layers.gguf_linear import GGUFLinear
 from mlc.models.loader import load_model
 from mlc.models.synth import SHAPES, Shape, shape_for, write_synthetic
-from tests.support.kernel_marks import CPU_KERNELS
+from tests.support.kernel_marks import needs_cpu_kernels
 
 TINY_LLAMA = dataclasses.replace(SHAPES["llama-1B"], hidden=256, layers=2, heads=4, kv_heads=2, ffn=512,
                                  vocab=49152 + 16)
@@ -33,10 +33,8 @@ def test_the_real_shapes_have_their_sizes():
 
 @pytest.mark.parametrize("shape", [TINY_LLAMA, TINY_GLM4, TINY_GLM4MOE], ids=["llama", "glm4", "glm4moe"])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_K"])
+@needs_cpu_kernels  # the gguf kernel serves the blocks
 def test_a_synthetic_file_loads_and_runs(shape: Shape, kind, tmp_path, monkeypatch):
-    pytest.importorskip("gguf")
-    if CPU_KERNELS[0].args[0]:  # no compiler: the gguf kernel cannot serve the blocks
-        pytest.skip(CPU_KERNELS[0].kwargs["reason"])
     monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
     path = write_synthetic(shape, kind, tmp_path / "m.gguf")
     model = load_model(str(path), dtype="float32")

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
+from mlc.config.train_config import TrainConfig
 from mlc.errors import DataError
 from mlc.train.preprocess import IGNORE_INDEX, PreprocessOptions, load_dataset_rows, pad_token_id, tokenize_file
 
@@ -125,3 +126,36 @@ class StepPlan:
 def batches_for(rows: list[dict], plan: StepPlan, step: int, tokenizer) -> list[dict[str, torch.Tensor]]:
     pad_id = pad_token_id(tokenizer)
     return [collate([rows[i] for i in idx], pad_id) for idx in plan.micro_batches(step)]
+
+
+@dataclass
+class TrainingData:
+    """A run's rows, held-out rows, step plan and length; `note`: what the user should hear about dropped rows."""
+
+    rows: list[dict]
+    eval_rows: list[dict]
+    plan: StepPlan
+    total_steps: int
+    stats: dict
+    note: str | None
+
+
+def training_data(cfg: TrainConfig, tokenizer, data_world: int, data_rank: int, stats_file: Path) -> TrainingData:
+    """Tokenize (or read) the run's training and eval data as its options say, and plan its steps for this rank;
+    `stats_file` is where the dropped rows are listed (the caller writes it)."""
+    opts = PreprocessOptions(
+        max_seq_len=cfg.max_seq_len, pad_to_multiple_of=cfg.data.pad_to_multiple_of,
+        train_on_prompt=cfg.train_on_prompt, packing=cfg.data.packing, format=cfg.data.format,
+        on_error=cfg.data.on_error,
+    )
+    rows, stats = load_rows(cfg.data.train, tokenizer, opts)
+    eval_opts = PreprocessOptions(**{**asdict(opts), "packing": False})
+    eval_rows = load_rows(cfg.data.eval, tokenizer, eval_opts)[0] if cfg.data.eval else []
+    note = None
+    if stats.get("dropped"):
+        first = stats["dropped"][0]
+        note = (f"{len(stats['dropped'])} training row(s) dropped (first: line {first['line']}: {first['reason']}); "
+                f"all of them are listed in {stats_file}")
+    plan = StepPlan(len(rows), cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed, data_world, data_rank)
+    total = cfg.max_steps if cfg.max_steps is not None else max(1, round((cfg.epochs or 1.0) * plan.steps_per_epoch))
+    return TrainingData(rows, eval_rows, plan, total, stats, note)

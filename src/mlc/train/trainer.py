@@ -28,7 +28,7 @@ from mlc.errors import ConfigError, TrainingError
 from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
 from mlc.train import checkpoint as ckpt
-from mlc.train.data import StepPlan, batches_for, collate, load_rows, target_count
+from mlc.train.data import batches_for, target_count, training_data
 from mlc.train.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -37,10 +37,10 @@ from mlc.train.distributed import (
     init_distributed,
     shutdown,
 )
+from mlc.train.evaluate import score_rows
 from mlc.train.logging import ConsoleReporter, TrainLog
 from mlc.train.model import attach_lora, compute_dtype, load_base_model, loss_sum, trainable_parameters
 from mlc.train.plot import plot_loss
-from mlc.train.preprocess import PreprocessOptions, pad_token_id
 from mlc.train.resume import check_resumable, usable_checkpoint
 
 if TYPE_CHECKING:
@@ -122,31 +122,12 @@ class LoRATrainer:
         barrier(self.dist)
 
     def _load_data(self) -> None:
-        cfg = self.cfg
-        opts = PreprocessOptions(
-            max_seq_len=cfg.max_seq_len, pad_to_multiple_of=cfg.data.pad_to_multiple_of,
-            train_on_prompt=cfg.train_on_prompt, packing=cfg.data.packing, format=cfg.data.format,
-            on_error=cfg.data.on_error,
-        )
-        self.rows, stats = load_rows(cfg.data.train, self.tokenizer, opts)
-        eval_opts = PreprocessOptions(**{**asdict(opts), "packing": False})
-        self.eval_rows = load_rows(cfg.data.eval, self.tokenizer, eval_opts)[0] if cfg.data.eval else []
+        stats_file = self.out / "data_stats.json"
+        data = training_data(self.cfg, self.tokenizer, self.dist.data_world, self.dist.data_rank, stats_file)
+        self.rows, self.eval_rows, self.plan, self.total_steps = data.rows, data.eval_rows, data.plan, data.total_steps
         if self.dist.is_main:
-            (self.out / "data_stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False), encoding="utf-8")
-            if stats.get("dropped"):
-                first = stats["dropped"][0]
-                self.reporter_note = (
-                    f"{len(stats['dropped'])} training row(s) dropped (first: line {first['line']}: "
-                    f"{first['reason']}); all of them are listed in {self.out / 'data_stats.json'}"
-                )
-        self.plan = StepPlan(
-            len(self.rows), cfg.batch_size, cfg.gradient_accumulation_steps, cfg.seed,
-            self.dist.data_world, self.dist.data_rank,
-        )
-        if cfg.max_steps is not None:
-            self.total_steps = cfg.max_steps
-        else:
-            self.total_steps = max(1, round((cfg.epochs or 1.0) * self.plan.steps_per_epoch))
+            stats_file.write_text(json.dumps(data.stats, indent=2, ensure_ascii=False), encoding="utf-8")
+            self.reporter_note = data.note
 
     def _build_model(self) -> None:
         load_dtype = self.dtype if self.dtype != torch.float16 else torch.float32
@@ -303,13 +284,9 @@ class LoRATrainer:
             return None
         self.peft_model.eval()
         mine = self.eval_rows[self.dist.data_rank :: self.dist.data_world]
-        totals = torch.zeros(2, dtype=torch.float64)
-        bs = self.cfg.batch_size
-        for i in range(0, len(mine), bs):
-            batch = collate(mine[i : i + bs], pad_token_id(self.tokenizer))
-            totals[0] += float(loss_sum(self.peft_model, batch, self.device, self.dtype))
-            totals[1] += target_count(batch)
+        total, count = score_rows(self.peft_model, mine, self.tokenizer, self.device, self.dtype, self.cfg.batch_size)
         self.peft_model.train()
+        totals = torch.tensor([total, count], dtype=torch.float64)
         total, count = all_reduce_sum(totals, self.dist).tolist()
         return total / max(count, 1.0)
 
