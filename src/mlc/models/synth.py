@@ -219,22 +219,15 @@ def _moe_metadata(writer, s: Shape) -> None:
 
 @functools.cache
 def _default_tokenizer() -> dict[str, Any]:
-    """The default model's tokenizer fields, read once (the gguf package takes seconds over 49,152 tokens)."""
-    from gguf import GGUFReader
-
+    """The default model's tokenizer fields, read once."""
+    from mlc.models.gguf.reader import open_gguf
     from mlc.models.store import pull
 
-    fields = GGUFReader(str(pull("smollm2-135m-instruct").path / "model.gguf")).fields
-
-    def strings(key: str) -> list[str]:
-        return [str(bytes(fields[key].parts[i]), "utf-8") for i in fields[key].data]
-
-    return {"tokens": strings("tokenizer.ggml.tokens"), "merges": strings("tokenizer.ggml.merges"),
-            "types": [int(fields["tokenizer.ggml.token_type"].parts[i][0])
-                      for i in fields["tokenizer.ggml.token_type"].data],
-            "pre": str(fields["tokenizer.ggml.pre"].contents()),
-            "template": str(fields["tokenizer.chat_template"].contents()),
-            **{key: int(fields[f"tokenizer.ggml.{key}_token_id"].contents()) for key in ("bos", "eos", "padding")}}
+    meta = open_gguf(pull("smollm2-135m-instruct").path / "model.gguf").metadata
+    return {"tokens": meta["tokenizer.ggml.tokens"], "merges": meta["tokenizer.ggml.merges"],
+            "types": meta["tokenizer.ggml.token_type"], "pre": meta["tokenizer.ggml.pre"],
+            "template": meta["tokenizer.chat_template"],
+            **{key: int(meta[f"tokenizer.ggml.{key}_token_id"]) for key in ("bos", "eos", "padding")}}
 
 
 def write_synthetic(shape: Shape, kind: str, out: Path, seed: int = 0,

@@ -45,12 +45,15 @@ DENSE_NAMES = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down":
 MOE_NAMES = {
     "ffn_gate_inp": "mlp.gate.weight",
     "exp_probs_b": "mlp.gate.e_score_correction_bias",  # stored as `.bias`; HF's name has no suffix
-    "ffn_down_exps": "mlp.experts.down_proj",  # a 3-D parameter, no `.weight` suffix
     "ffn_gate_shexp": "mlp.shared_experts.gate_proj.weight",
     "ffn_up_shexp": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp": "mlp.shared_experts.down_proj.weight",
 }
-STACKED_GATE_UP = ("ffn_gate_exps", "ffn_up_exps")  # -> mlp.experts.gate_up_proj [E, 2I, H], gate rows first
+# the routed experts, stacked per projection: gate and up -> mlp.experts.gate_up_proj [E, 2I, H] (gate rows first),
+# down -> mlp.experts.down_proj [E, H, I] (3-D parameters, no `.weight` suffix)
+_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+PROJECTIONS = ("gate", "up", "down")
+Stacks = dict[int, dict[str, Any]]  # layer -> projection -> its stacked GGUF tensor
 TOP_LEVEL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)\.(weight|bias)$")
 
@@ -106,9 +109,33 @@ def glm4_moe_config(gf: GGUFFile, cfg: dict[str, Any], names: set[str]) -> dict[
     return cfg
 
 
+def stacked_projection(name: str) -> tuple[int, str] | None:
+    """`blk.3.ffn_up_exps.weight` -> (3, "up"); None for any other tensor."""
+    m = _STACK.match(name)
+    return (int(m[1]), m[2]) if m else None
+
+
+def check_stacks(gf: GGUFFile, stacks: Stacks) -> None:
+    """Every MoE layer has its three stacks."""
+    for layer, stack in sorted(stacks.items()):
+        missing = [f"ffn_{p}_exps" for p in PROJECTIONS if p not in stack]
+        if missing:
+            have = [f"ffn_{p}_exps" for p in PROJECTIONS if p in stack]
+            raise ModelFormatError(f"{gf.path.name}: layer {layer} has {have} but not {missing}; the GGUF is "
+                                   "incomplete")
+
+
+def float_experts(layer: int, stack: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """One layer's stacks dequantized under HF's names: gate and up joined into `experts.gate_up_proj`."""
+    prefix = f"model.layers.{layer}.mlp.experts"
+    yield f"{prefix}.gate_up_proj", np.concatenate([dequantize_tensor(stack["gate"]), dequantize_tensor(stack["up"])],
+                                                   axis=1)
+    yield f"{prefix}.down_proj", dequantize_tensor(stack["down"])
+
+
 def glm4_moe_tensor_name(gguf_name: str, first_moe_layer: int) -> str | None:
     """`blk.1.ffn_gate_inp.weight` -> `model.layers.1.mlp.gate.weight`; None for names with no HF counterpart
-    (the stacked gate/up experts are joined by `iter_glm4_moe_tensors`)."""
+    (the stacked experts: `stacked_projection`)."""
     stem, _, suffix = gguf_name.rpartition(".")
     if stem in TOP_LEVEL_NAMES and suffix == "weight":
         return f"{TOP_LEVEL_NAMES[stem]}.weight"
@@ -128,20 +155,18 @@ def glm4_moe_tensor_name(gguf_name: str, first_moe_layer: int) -> str | None:
 
 def iter_glm4_moe_tensors(gf: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, fp32 array) for every tensor of the decoder layers; NextN layers are skipped undecoded, and each
-    layer's stacked gate and up experts become one `experts.gate_up_proj`."""
+    layer's stacked experts become `experts.gate_up_proj` and `experts.down_proj` once all three are read."""
     n_layers, first_moe = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]
-    pending: dict[int, dict[str, np.ndarray]] = {}
+    stacks: Stacks = {}
     for t in gf.reader.tensors:
         m = _LAYER.match(t.name)
         if m and int(m[1]) >= n_layers:
             continue  # multi-token-prediction layer: only speculative decoding would use it
-        if m and m[2] in STACKED_GATE_UP and m[3] == "weight":
-            parts = pending.setdefault(int(m[1]), {})
-            parts[m[2]] = dequantize_tensor(t)
-            if len(parts) == 2:
-                del pending[int(m[1])]
-                joined = np.concatenate([parts["ffn_gate_exps"], parts["ffn_up_exps"]], axis=1)
-                yield f"model.layers.{m[1]}.mlp.experts.gate_up_proj", joined
+        if (stacked := stacked_projection(t.name)) is not None:
+            stack = stacks.setdefault(stacked[0], {})
+            stack[stacked[1]] = t
+            if len(stack) == len(PROJECTIONS):
+                yield from float_experts(stacked[0], stacks.pop(stacked[0]))
             continue
         name = glm4_moe_tensor_name(t.name, first_moe)
         if name is None:
@@ -150,7 +175,4 @@ def iter_glm4_moe_tensors(gf: GGUFFile, cfg: dict[str, Any]) -> Iterator[tuple[s
                 "layer(s); this GGUF holds a variant mlc does not convert"
             )
         yield name, dequantize_tensor(t)
-    for layer, parts in pending.items():
-        missing = sorted(set(STACKED_GATE_UP) - set(parts))
-        raise ModelFormatError(f"{gf.path.name}: layer {layer} has {list(parts)} but not {missing}; the GGUF is "
-                               "incomplete")
+    check_stacks(gf, stacks)  # a layer still here lacks a stack

@@ -42,9 +42,9 @@ from mlc.layers.quant_linear import Int4Linear
 from mlc.models.base import CausalLM, Embedding
 from mlc.models.gguf.blocks import INT4_TYPES, int4_codes
 from mlc.models.gguf.dequant import dequantize_tensor, quant_type_name
-from mlc.models.gguf.glm4_moe import glm4_moe_tensor_name
+from mlc.models.gguf.glm4_moe import Stacks, check_stacks, float_experts, glm4_moe_tensor_name, stacked_projection
 from mlc.models.gguf.llama_tensors import hf_tensor_name, unpermute_rope_rows
-from mlc.models.gguf.native_moe import Stacks, check_stacks, float_experts, gguf_experts, servable, stacked_projection
+from mlc.models.gguf.native_moe import gguf_experts, servable
 from mlc.models.gguf.reader import GGUFFile
 
 # a GGUF's tensor type -> the weight dtype it is served in where it is not served from its blocks (its own bit
@@ -54,6 +54,7 @@ GGUF_WEIGHT_DTYPES = {
     **dict.fromkeys(("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_K"), "int8"),
     "F16": "fp16", "BF16": "bf16",
 }
+FLOAT_TYPES = ("F32", "F16", "BF16")
 ARCHITECTURES = ("llama", "glm4", "glm4moe")  # GGUF layouts read tensor by tensor here
 
 log = logging.getLogger("mlc.models")
@@ -217,18 +218,22 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
     for name, parts in by_module.items():
         kinds = [quant_type_name(p.tensor) for p in parts if not p.is_bias and len(p.tensor.shape) == 2]
         if name not in served and kinds and isinstance(modules.get(name), Linear):
-            report.module_types[name] = Counter(kinds).most_common(1)[0][0]
-            report.dequantized.update(k for k in kinds if k not in ("F32", "F16", "BF16"))
+            _loaded_as_floats(report, name, kinds)
     for layer, stack in float_stacks.items():
-        kinds = [quant_type_name(t) for t in stack.values()]
-        report.module_types[f"model.layers.{layer}.mlp.experts"] = Counter(kinds).most_common(1)[0][0]
-        report.dequantized.update(k for k in kinds if k not in ("F32", "F16", "BF16"))
+        _loaded_as_floats(report, f"model.layers.{layer}.mlp.experts", [quant_type_name(t) for t in stack.values()])
     if native:
-        _log_dequantized(rest + [_Part(t, "", None, False) for stack in float_stacks.values() for t in stack.values()])
+        _log_dequantized([p.tensor for p in rest] + [t for stack in float_stacks.values() for t in stack.values()])
+    experts = ((name, torch.from_numpy(values)) for layer, stack in float_stacks.items()
+               for name, values in float_experts(layer, stack))
     with torch.no_grad():
-        experts = (pair for layer, stack in float_stacks.items() for pair in float_experts(layer, stack))
         net.load_weights(itertools.chain(_float_tensors(gf, cfg, rest), experts))
     return report
+
+
+def _loaded_as_floats(report: NativeReport, module: str, kinds: list[str]) -> None:
+    """A matrix layer loaded as floats: the type it is then quantized in follows its most common GGUF type."""
+    report.module_types[module] = Counter(kinds).most_common(1)[0][0]
+    report.dequantized.update(k for k in kinds if k not in FLOAT_TYPES)
 
 
 def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
@@ -270,13 +275,13 @@ def _experts(net: CausalLM, stacks: Stacks, gguf: bool, report: NativeReport) ->
     return rest
 
 
-def _log_dequantized(parts: list[_Part]) -> None:
+def _log_dequantized(tensors: list) -> None:
     """One line per quantized type served some other way than from its blocks: which tensors, and what they became."""
     by_type: dict[str, list[str]] = defaultdict(list)
-    for p in parts:
-        kind = quant_type_name(p.tensor)
-        if kind not in ("F32", "F16", "BF16") and len(p.tensor.shape) >= 2:
-            by_type[kind].append(p.tensor.name)
+    for t in tensors:
+        kind = quant_type_name(t)
+        if kind not in FLOAT_TYPES and len(t.shape) >= 2:
+            by_type[kind].append(t.name)
     for kind, names in by_type.items():
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         log.warning("%d %s tensor(s) (%s) have no native kernel here: dequantized, then served as %s", len(names),

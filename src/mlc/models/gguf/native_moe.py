@@ -2,42 +2,18 @@
 three stacked tensors (`ffn_gate_exps`, `ffn_up_exps` `[E, I, H]`, `ffn_down_exps` `[E, H, I]`); each expert's
 rows are one contiguous slice of them, so expert e becomes a `GGUFLinear` gate|up of its two slices and one of its
 down slice, in the routing arithmetic of `QuantizedExperts`. Where a stack's type has no kernel (or the experts
-are split across tensor-parallel ranks), the stacks are dequantized into `RoutedExperts` as before."""
+are split across tensor-parallel ranks), the stacks are dequantized into `RoutedExperts` (`glm4_moe.float_experts`)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
-import torch
 
 from mlc.errors import ModelFormatError
 from mlc.layers.gguf_linear import GGUFLinear, GGUFPart, as_tensor, gguf_kernel_fits
 from mlc.layers.moe import RoutedExperts
 from mlc.layers.quant_moe import QuantizedExperts
-from mlc.models.gguf.dequant import dequantize_tensor, quant_type_name
-from mlc.models.gguf.reader import GGUFFile
-
-_STACK = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
-PROJECTIONS = ("gate", "up", "down")
-Stacks = dict[int, dict[str, Any]]  # layer -> projection -> its stacked GGUF tensor
-
-
-def stacked_projection(name: str) -> tuple[int, str] | None:
-    """`blk.3.ffn_up_exps.weight` -> (3, "up"); None for any other tensor."""
-    m = _STACK.match(name)
-    return (int(m[1]), m[2]) if m else None
-
-
-def check_stacks(gf: GGUFFile, stacks: Stacks) -> None:
-    for layer, stack in sorted(stacks.items()):
-        missing = [f"ffn_{p}_exps" for p in PROJECTIONS if p not in stack]
-        if missing:
-            have = [f"ffn_{p}_exps" for p in PROJECTIONS if p in stack]
-            raise ModelFormatError(f"{gf.path.name}: layer {layer} has {have} but not {missing}; the GGUF is "
-                                   "incomplete")
+from mlc.models.gguf.dequant import quant_type_name
+from mlc.models.gguf.glm4_moe import PROJECTIONS
 
 
 def _dims(tensor) -> tuple[int, int, int]:
@@ -72,11 +48,3 @@ def gguf_experts(stack: dict[str, Any], module: RoutedExperts) -> QuantizedExper
         [GGUFLinear([_expert_part(gate, e), _expert_part(up, e)], hidden, None, [inter, inter]) for e in n],
         [GGUFLinear([_expert_part(down, e)], inter) for e in n], module.total)
 
-
-def float_experts(layer: int, stack: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """The stacks dequantized under HF's names: gate and up joined into `experts.gate_up_proj` (gate rows first)."""
-    prefix = f"model.layers.{layer}.mlp.experts"
-    joined = np.concatenate([dequantize_tensor(stack["gate"]), dequantize_tensor(stack["up"])], axis=1)
-    yield f"{prefix}.gate_up_proj", torch.from_numpy(joined)
-    del joined
-    yield f"{prefix}.down_proj", torch.from_numpy(dequantize_tensor(stack["down"]))
