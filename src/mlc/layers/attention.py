@@ -59,6 +59,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None  # [T] cache slot of each new token; None on the dense path
     groups: list[AttentionGroup] = field(default_factory=list)
     query_start: list[int] = field(default_factory=list)
+    # every sequence decodes one generated token in place: all of them as one decode group in step order (the C++
+    # kernel computes each sequence alone, so one call over all gives each group's results); None otherwise
+    in_place_decode: AttentionGroup | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -120,6 +123,10 @@ def build_attention_metadata(
         chosen = [i for i in decode if (generating is None or generating[i]) == in_place]
         for bucket in _length_buckets(chosen, context_lens):
             meta.groups.append(_decode_group(bucket, starts, context_lens, tables, page_size, device, in_place))
+    if decode and len(decode) == len(query_lens) and all(g.pages is not None for g in meta.groups):
+        meta.in_place_decode = meta.groups[0] if len(meta.groups) == 1 else AttentionGroup(
+            GroupKind.DECODE, slice(0, len(decode)), len(decode), 1, decode, pages=tables,
+            context=torch.tensor(context_lens, device=device), page_size=page_size)
     return meta
 
 

@@ -9,10 +9,13 @@
   `layers/gguf_linear.py`), the same arithmetic, and `gguf_rows`, the embedding lookup from the mapped file;
 * `on_huge_pages` (`huge_pages.cpp`): packed weights on 2 MiB pages, where they stream about a quarter faster;
 * RMSNorm, RoPE and SiLU x up for 16-bit models (`fused_ops.cpp`): one pass a row instead of several eager ops,
-  with the eager ops' roundings.
+  with the eager ops' roundings;
+* a Llama decoder layer over a step of decode tokens (`decode_layer.cpp`; `models/fused_decode.py`): the ops above
+  called in the eager layer's order from C++, one call a layer instead of forty.
 
 `load()` builds the extension once per machine with torch's cpp_extension (the C++ compiler inductor uses too;
-`-O3 -march=native`) into `$MLC_HOME/kernels/cpu_kernels-torch<version>-<cpu>/`, and loads it from there afterwards;
+`-O3 -march=native`) into `$MLC_HOME/kernels/cpu_kernels-torch<version>-<cpu>-<sources>/`, and loads it from there
+afterwards;
 `cpu_op(name)` looks an op up. Without a compiler, or with `MLC_CPU_KERNELS=0` (the older name
 `MLC_DECODE_KERNEL=0` is still read), the torch ops run instead: SDPA (`layers/attention.py`, as every non-CPU
 device and every quantized KV cache does), torch's int4 kernel, the eager elementwise ops.
@@ -35,7 +38,7 @@ log = logging.getLogger("mlc.layers")
 NAME = "mlc_cpu_kernels"  # the extension's build name; its ops are torch.ops.mlc_kernels.<op>
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("ops.cpp", "decode_attention.cpp", "int4_linear.cpp", "int8_linear.cpp", "gguf_linear.cpp",
-                        "gguf_pack.cpp", "huge_pages.cpp", "fused_ops.cpp")]
+                        "gguf_pack.cpp", "huge_pages.cpp", "fused_ops.cpp", "decode_layer.cpp")]
 ENV = ("MLC_CPU_KERNELS", "MLC_DECODE_KERNEL")  # 0/false/off/no turns the kernels off; the second is the older name
 # no -ffast-math: the sums keep the order the source gives them (batch invariance needs a fixed order, not this one);
 # no contraction of a * b + c into one fma unless the source asks, so the fused ops round as the eager ops do
@@ -123,8 +126,17 @@ def _build_dir() -> Path:
 
     # MLC_KERNEL_MARCH: the -march to build for (default native); the tests build haswell (AVX2) and x86-64 (plain
     # C++) to check that every code path gives the native build's int4 results
+    # and each version of the sources its own directory: two checkouts of different versions on one machine (a
+    # worktree, CI beside a development tree) would otherwise rebuild over each other's library
     suffix = "" if _march() == "native" else f"-{_march()}"
-    return mlc_home() / "kernels" / f"cpu_kernels-torch{torch.__version__}-{_cpu_key()}{suffix}"
+    return mlc_home() / "kernels" / f"cpu_kernels-torch{torch.__version__}-{_cpu_key()}{suffix}-{_sources_key()}"
+
+
+def _sources_key() -> str:
+    digest = hashlib.sha256()
+    for path in SOURCES + sorted((Path(__file__).parent / "csrc").glob("*.h")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
 
 
 def _march() -> str:
@@ -134,10 +146,7 @@ def _march() -> str:
 def _attempt_key() -> str:
     """What a build attempt depends on: the sources, the flags and the compiler. A failure is remembered under it,
     so a fixed source or a newly installed compiler is tried again, and nothing else is."""
-    digest = hashlib.sha256(f"{compiler()}|{_march()}|{FLAGS}".encode())
-    for path in SOURCES + sorted((Path(__file__).parent / "csrc").glob("*.h")):
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return hashlib.sha256(f"{compiler()}|{_march()}|{FLAGS}|{_sources_key()}".encode()).hexdigest()[:16]
 
 
 def build_failure() -> str | None:

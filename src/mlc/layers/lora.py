@@ -172,5 +172,8 @@ def _wrap(model: nn.Module, name: str) -> LoRALinear:
         return current
     wrapper = LoRALinear(current)
     setattr(parent, child, wrapper)
+    changed = getattr(model, "modules_changed", None)
+    if callable(changed):
+        changed()
     return wrapper
 

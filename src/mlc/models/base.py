@@ -78,6 +78,11 @@ class CausalLM(nn.Module):
     def __init__(self, hf_config):
         super().__init__()
         self.config = hf_config
+        self.decode_plans: list | None = None  # fused decode layers (models/fused_decode.py), built at first use
+
+    def modules_changed(self) -> None:
+        """Layers were swapped (LoRA wrappers, quantized stand-ins): plans made from the old ones are dropped."""
+        self.decode_plans = None
 
     def forward(
         self,

@@ -16,6 +16,7 @@ from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_neox_fused, rope_parameters
 from mlc.layers.weight_target import WeightTarget
 from mlc.models.base import CausalLM, DecoderModel, Embedding
+from mlc.models.fused_decode import model_plans, run_layers, step_qualifies
 
 # HF projection name -> (our fused module, shard index)
 STACKED = {
@@ -139,6 +140,11 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids, positions, meta, kv_caches=None):
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
+        if meta.in_place_decode is not None:
+            if self.decode_plans is None:
+                self.decode_plans = model_plans(self.model.layers, LlamaDecoderLayer, LlamaAttention) or []
+            if self.decode_plans and step_qualifies(self.decode_plans, h, cos, meta, kv_caches):
+                return self.model.norm(run_layers(self.decode_plans, h, cos, sin, meta, kv_caches))
         for i, layer in enumerate(self.model.layers):
             h = layer(h, cos, sin, kv_caches[i] if kv_caches is not None else None, meta)
         return self.model.norm(h)

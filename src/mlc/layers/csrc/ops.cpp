@@ -1,6 +1,6 @@
 // Every op of the C++ CPU kernels registered in one place, as torch.ops.mlc_kernels.<name> (CPU only). The kernels
 // are declared in ops.h and defined in decode_attention.cpp, int4_linear.cpp, int8_linear.cpp, gguf_linear.cpp,
-// gguf_pack.cpp, huge_pages.cpp and fused_ops.cpp.
+// gguf_pack.cpp, huge_pages.cpp, fused_ops.cpp and decode_layer.cpp.
 // Built at run time by mlc/layers/cpu_kernels.py (which also registers the shape-only versions of the GEMMs that
 // torch.compile traces).
 #include <torch/library.h>
@@ -18,6 +18,9 @@ TORCH_LIBRARY(mlc_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope_neox(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
   m.def("silu_mul(Tensor x) -> Tensor");
+  m.def("decode_layer(Tensor h, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, int[] dims, float eps, "
+        "float scale, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor pages, Tensor ctx, int page_size) "
+        "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
@@ -31,4 +34,5 @@ TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
   m.impl("rms_norm", &mlc::rms_norm);
   m.impl("rope_neox", &mlc::rope_neox);
   m.impl("silu_mul", &mlc::silu_mul);
+  m.impl("decode_layer", &mlc::decode_layer);
 }

@@ -34,4 +34,10 @@ at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
                      int64_t head_dim);
 at::Tensor silu_mul(const at::Tensor& x);
 
+// decode_layer.cpp: a Llama decoder layer over a step of decode tokens, from the ops above in the eager order
+at::Tensor decode_layer(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
+                        at::IntArrayRef kinds, at::IntArrayRef dims, double eps, double scale,
+                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,
+                        const at::Tensor& pages, const at::Tensor& ctx, int64_t page_size);
+
 }  // namespace mlc

@@ -1,0 +1,87 @@
+"""Decode steps of a Llama GGUF model run one C++ op a layer (`models/fused_decode.py`, `csrc/decode_layer.cpp`):
+greedy tokens and their logprobs are bit for bit those of the eager layers, alone and in a batch of different
+lengths, for a one-format file and for a mixed one (a merged projection of two formats); the op is used only
+where it computes what the eager layers do, and a LoRA adapter or a prefill step falls back to them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mlc.layers.attention import build_attention_metadata
+from mlc.models import fused_decode
+from tests.support.gguf_files import write_random_llama_gguf
+from tests.support.kernel_marks import CPU_KERNELS
+
+pytestmark = CPU_KERNELS
+PROMPTS = [list(range(5, 14)), list(range(20, 80)), [7, 8, 9]]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def _generate(llm, prompts, fused: bool, calls: list[int]):
+    from mlc import SamplingParams
+
+    model = llm.engine.runner.model
+    model.decode_plans = None if fused else []  # None: built at the next decode step; []: the eager layers
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2)
+    before = len(calls)
+    outs = llm.generate(prompts, params)
+    ran = len(calls) - before
+    return [(o.outputs[0].token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in o.outputs[0].logprobs])
+            for o in outs], ran
+
+
+@pytest.mark.parametrize("kind, kinds", [("Q4_0", None), ("Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"})])
+def test_fused_decode_is_the_eager_decode_bit_for_bit(kind, kinds, home, monkeypatch):
+    from mlc import LLM
+
+    calls: list[int] = []
+    run = fused_decode.run_layers
+    monkeypatch.setattr("mlc.models.llama.run_layers", lambda *a: calls.append(1) or run(*a))
+    path = write_random_llama_gguf(home / "m.gguf", kind, kinds=kinds)
+    llm = LLM(model=str(path), dtype="bfloat16", kv_cache_memory="8MiB", max_seq_len=256)
+    for prompts in ([PROMPTS[0]], PROMPTS):
+        fused, ran = _generate(llm, prompts, True, calls)
+        assert ran >= 39  # every decode step after the first token
+        assert len(llm.engine.runner.model.decode_plans) == 2
+        eager, ran = _generate(llm, prompts, False, calls)
+        assert ran == 0
+        assert fused == eager
+
+
+def test_only_where_the_op_computes_the_eager_layer(home):
+    from mlc.layers.lora import LoRALinear
+    from mlc.models.llama import LlamaAttention, LlamaDecoderLayer
+    from mlc.models.loader import load_model
+
+    path = write_random_llama_gguf(home / "m.gguf", "Q4_0")
+    model = load_model(str(path), dtype="bfloat16")
+    layers = model.model.layers
+    plans = fused_decode.model_plans(layers, LlamaDecoderLayer, LlamaAttention)
+    assert plans is not None and [p.dims for p in plans] == [[4, 2, 64, 1, 1, 1, 1]] * 2
+    assert fused_decode.model_plans(load_model(str(path), dtype="float32").model.layers, LlamaDecoderLayer,
+                                    LlamaAttention) is None  # fp32: the eager norms are not the C++ ones
+    model.decode_plans = plans
+    layers[1].mlp.down_proj = LoRALinear(layers[1].mlp.down_proj)
+    model.modules_changed()
+    assert model.decode_plans is None
+    assert fused_decode.model_plans(layers, LlamaDecoderLayer, LlamaAttention) is None
+
+
+def test_the_step_metadata_says_when_every_sequence_decodes_in_place():
+    tables = [[1, 2], [3], [4, 5, 6]]
+    all_decode = build_attention_metadata([1, 1, 1], [20, 3, 40], tables, page_size=16)
+    assert len(all_decode.groups) == 2  # two length buckets, one op call over all three
+    whole = all_decode.in_place_decode
+    assert whole is not None and whole.tokens == slice(0, 3) and whole.context.tolist() == [20, 3, 40]
+    assert torch.equal(whole.pages, torch.tensor([[1, 2, 0], [3, 0, 0], [4, 5, 6]]))
+    one = build_attention_metadata([1], [20], tables[:1], page_size=16)
+    assert one.in_place_decode is one.groups[0]
+    assert build_attention_metadata([1, 5], [20, 5], tables[:2], page_size=16).in_place_decode is None  # a prefill
+    prefix_hit = build_attention_metadata([1, 1], [20, 3], tables[:2], page_size=16, generating=[True, False])
+    assert prefix_hit.in_place_decode is None  # a prompt's last token stays on SDPA
