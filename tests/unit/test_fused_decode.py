@@ -1,7 +1,8 @@
-"""Decode steps of a Llama GGUF model run one C++ op a layer (`models/fused_decode.py`, `csrc/decode_layer.cpp`):
-greedy tokens and their logprobs are bit for bit those of the eager layers, alone and in a batch of different
-lengths, for a one-format file and for a mixed one (a merged projection of two formats); the op is used only
-where it computes what the eager layers do, and a LoRA adapter or a prefill step falls back to them."""
+"""Decode steps of a Llama or GLM-4-0414 GGUF model run one C++ op a layer (`models/fused_decode.py`,
+`csrc/decode_layer.cpp`): greedy tokens and their logprobs are bit for bit those of the eager layers, alone and in a
+batch of different lengths, for a one-format file, a mixed one (a merged projection of two formats) and GLM-4's
+layer (qkv bias, interleaved partial rotary, sandwich norms); GLM's rotary kernel is the eager one's bits; the op is
+used only where it computes what the eager layers do, and a LoRA adapter or a prefill step falls back to them."""
 
 from __future__ import annotations
 
@@ -36,14 +37,28 @@ def _generate(llm, prompts, fused: bool, calls: list[int]):
             for o in outs], ran
 
 
-@pytest.mark.parametrize("kind, kinds", [("Q4_0", None), ("Q4_K", {"attn_v": "Q6_K", "ffn_down": "Q6_K"})])
-def test_fused_decode_is_the_eager_decode_bit_for_bit(kind, kinds, home, monkeypatch):
+def _glm4_gguf(path):
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.unit.test_gguf_glm4 import write_tiny_glm4_gguf
+
+    matrices = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down")
+    write_tiny_glm4_gguf(path, quant={f"blk.{i}.{m}.weight": Q.Q8_0 for i in range(2) for m in matrices})
+    return path
+
+
+@pytest.mark.parametrize("file", ["Q4_0", "Q4_K+Q6_K", "glm4 Q8_0"])
+def test_fused_decode_is_the_eager_decode_bit_for_bit(file, home, monkeypatch):
     from mlc import LLM
 
     calls: list[int] = []
     run = fused_decode.run_layers
     monkeypatch.setattr("mlc.models.llama.run_layers", lambda *a: calls.append(1) or run(*a))
-    path = write_random_llama_gguf(home / "m.gguf", kind, kinds=kinds)
+    if file == "glm4 Q8_0":
+        path = _glm4_gguf(home / "m.gguf")
+    else:
+        kinds = {"attn_v": "Q6_K", "ffn_down": "Q6_K"} if "+" in file else None
+        path = write_random_llama_gguf(home / "m.gguf", file.split("+")[0], kinds=kinds)
     llm = LLM(model=str(path), dtype="bfloat16", kv_cache_memory="8MiB", max_seq_len=256)
     for prompts in ([PROMPTS[0]], PROMPTS):
         fused, ran = _generate(llm, prompts, True, calls)
@@ -56,21 +71,38 @@ def test_fused_decode_is_the_eager_decode_bit_for_bit(kind, kinds, home, monkeyp
 
 def test_only_where_the_op_computes_the_eager_layer(home):
     from mlc.layers.lora import LoRALinear
-    from mlc.models.llama import LlamaAttention, LlamaDecoderLayer
     from mlc.models.loader import load_model
 
     path = write_random_llama_gguf(home / "m.gguf", "Q4_0")
     model = load_model(str(path), dtype="bfloat16")
     layers = model.model.layers
-    plans = fused_decode.model_plans(layers, LlamaDecoderLayer, LlamaAttention)
-    assert plans is not None and [p.dims for p in plans] == [[4, 2, 64, 1, 1, 1, 1]] * 2
-    assert fused_decode.model_plans(load_model(str(path), dtype="float32").model.layers, LlamaDecoderLayer,
-                                    LlamaAttention) is None  # fp32: the eager norms are not the C++ ones
+    plans = fused_decode.model_plans(layers, model.fusable)
+    assert plans is not None and [p.dims for p in plans] == [[4, 2, 64, 0, 0, 0, 1, 1, 1, 1]] * 2
+    fp32 = load_model(str(path), dtype="float32")
+    assert fused_decode.model_plans(fp32.model.layers, fp32.fusable) is None  # the eager norms are not the C++ ones
+    glm4 = load_model(str(_glm4_gguf(home / "glm4.gguf")), dtype="bfloat16")
+    assert [p.dims for p in fused_decode.model_plans(glm4.model.layers, glm4.fusable) or []] == [
+        [4, 2, 16, 1, 1, 1, 1, 1, 1, 1]] * 2  # interleaved rotary, sandwich norms, a qkv bias
+    assert fused_decode.model_plans(glm4.model.layers, model.fusable) is None  # not Llama's layers
     model.decode_plans = plans
     layers[1].mlp.down_proj = LoRALinear(layers[1].mlp.down_proj)
     model.modules_changed()
     assert model.decode_plans is None
-    assert fused_decode.model_plans(layers, LlamaDecoderLayer, LlamaAttention) is None
+    assert fused_decode.model_plans(layers, model.fusable) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_interleaved_rotary_kernel_is_the_eager_ops_bits(dtype):
+    from mlc.layers.cpu_kernels import cpu_op
+    from mlc.layers.rotary import apply_rope_interleaved
+
+    gen = torch.Generator().manual_seed(0)
+    for t, heads, kv, d, rot in [(1, 4, 2, 16, 8), (7, 32, 2, 128, 64), (3, 4, 2, 64, 64)]:
+        qkv = torch.randn(t, (heads + 2 * kv) * d, generator=gen).to(dtype)
+        angle = torch.randn(t, rot // 2, generator=gen)
+        cos, sin = (torch.cat([f(angle), f(angle)], -1).to(dtype) for f in (torch.cos, torch.sin))
+        want = apply_rope_interleaved(qkv[:, : (heads + kv) * d].view(t, heads + kv, d), cos, sin)
+        assert torch.equal(cpu_op("rope_interleaved")(qkv, cos, sin, heads + kv, d), want)
 
 
 def test_the_step_metadata_says_when_every_sequence_decodes_in_place():

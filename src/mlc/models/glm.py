@@ -4,6 +4,7 @@ partial RoPE (convention B, the first `head_dim * partial_rotary_factor` dims) a
 from __future__ import annotations
 
 from mlc.layers.rotary import apply_rope_interleaved
+from mlc.models.fused_decode import Fusable
 from mlc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -22,3 +23,4 @@ class GlmForCausalLM(LlamaForCausalLM):
     """HF checkpoints already name the MLP `gate_up_proj` (gate rows first), which is our fused layout."""
 
     layer_cls = GlmDecoderLayer
+    fusable = Fusable(GlmDecoderLayer, GlmAttention, interleaved=True, sandwich=False)

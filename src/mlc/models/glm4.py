@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from mlc.layers.norm import RMSNorm
-from mlc.models.glm import GlmDecoderLayer, GlmForCausalLM
+from mlc.models.fused_decode import Fusable
+from mlc.models.glm import GlmAttention, GlmDecoderLayer, GlmForCausalLM
 
 
 class Glm4DecoderLayer(GlmDecoderLayer):
@@ -20,3 +21,4 @@ class Glm4DecoderLayer(GlmDecoderLayer):
 
 class Glm4ForCausalLM(GlmForCausalLM):
     layer_cls = Glm4DecoderLayer
+    fusable = Fusable(Glm4DecoderLayer, GlmAttention, interleaved=True, sandwich=True)

@@ -16,7 +16,7 @@ from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import RotaryEmbedding, apply_rope_neox, rope_neox_fused, rope_parameters
 from mlc.layers.weight_target import WeightTarget
 from mlc.models.base import CausalLM, DecoderModel, Embedding
-from mlc.models.fused_decode import model_plans, run_layers, step_qualifies
+from mlc.models.fused_decode import Fusable, model_plans, run_layers, step_qualifies
 
 # HF projection name -> (our fused module, shard index)
 STACKED = {
@@ -127,6 +127,7 @@ class LlamaModel(DecoderModel):
 
 class LlamaForCausalLM(CausalLM):
     layer_cls = LlamaDecoderLayer
+    fusable = Fusable(LlamaDecoderLayer, LlamaAttention, interleaved=False, sandwich=False)  # models/fused_decode.py
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -142,7 +143,7 @@ class LlamaForCausalLM(CausalLM):
         cos, sin = self.rotary(positions, h.dtype)
         if meta.in_place_decode is not None:
             if self.decode_plans is None:
-                self.decode_plans = model_plans(self.model.layers, LlamaDecoderLayer, LlamaAttention) or []
+                self.decode_plans = model_plans(self.model.layers, self.fusable) or []
             if self.decode_plans and step_qualifies(self.decode_plans, h, cos, meta, kv_caches):
                 return self.model.norm(run_layers(self.decode_plans, h, cos, sin, meta, kv_caches))
         for i, layer in enumerate(self.model.layers):

@@ -3,6 +3,7 @@
 // too, so with fp32 tables and inputs the results are the eager results, and rows never depend on each other.
 //   rms_norm: RMSNorm in transformers' order for a 16-bit model.
 //   rope_neox: half-split rotary over the query and key heads at the front of a fused QKV projection.
+//   rope_interleaved: GLM's interleaved (pairwise) partial rotary over the same heads.
 //   silu_mul: silu(gate) * up over a fused [gate | up] projection.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -73,6 +74,30 @@ void rope_rows(const T* x, int64_t row_stride, const T* cos, const T* sin, T* ou
   });
 }
 
+// GLM's interleaved rotary over the first `rot` dims of the first `heads` heads of each row (pairs 2j, 2j+1 turned by
+// cos[t, j], sin[t, j]; the rest of each head copied): rotary.apply_rope_interleaved's roundings, op by op
+template <typename T>
+void rope_pairs_rows(const T* x, int64_t row_stride, const T* cos, const T* sin, int64_t table_stride, T* out,
+                     int64_t rows, int64_t heads, int64_t d, int64_t rot) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * d)), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + t * table_stride;
+      const T* s = sin + t * table_stride;
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* xr = x + t * row_stride + h * d;
+        T* o = out + (t * heads + h) * d;
+        for (int64_t j = 0; j < rot / 2; ++j) {
+          const float e = static_cast<float>(xr[2 * j]), od = static_cast<float>(xr[2 * j + 1]);
+          const float cj = static_cast<float>(c[j]), sj = static_cast<float>(s[j]);
+          o[2 * j] = static_cast<T>(rounded<T>(e * cj) - rounded<T>(od * sj));
+          o[2 * j + 1] = static_cast<T>(rounded<T>(od * cj) + rounded<T>(e * sj));
+        }
+        for (int64_t i = rot; i < d; ++i) o[i] = xr[i];
+      }
+    }
+  });
+}
+
 // silu(g) = g / (1 + exp(-g)), from exp of a non-positive argument only (no overflow)
 inline float silu(float g) {
   const float e = mlc::exp_nonpositive(-std::fabs(g));
@@ -124,6 +149,26 @@ at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_neox", [&] {
     rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
                         out.data_ptr<scalar_t>(), rows, heads, head_dim);
+  });
+  return out;
+}
+
+at::Tensor rope_interleaved(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                            int64_t head_dim) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
+  TORCH_CHECK(heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
+                  cos.size(1) <= head_dim,
+              "cos and sin must be [T, rotary dims], the rotary dims even and at most head_dim");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "cos and sin must have qkv's dtype");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  const int64_t rows = qkv.size(0);
+  auto out = at::empty({rows, heads, head_dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_interleaved", [&] {
+    rope_pairs_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(),
+                              s.data_ptr<scalar_t>(), c.size(1), out.data_ptr<scalar_t>(), rows, heads, head_dim,
+                              c.size(1));
   });
   return out;
 }

@@ -17,6 +17,7 @@ TORCH_LIBRARY(mlc_kernels, m) {
   m.def("on_huge_pages(Tensor t) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("rope_neox(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
+  m.def("rope_interleaved(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("decode_layer(Tensor h, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, int[] dims, float eps, "
         "float scale, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor pages, Tensor ctx, int page_size) "
@@ -33,6 +34,7 @@ TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {
   m.impl("on_huge_pages", &mlc::on_huge_pages);
   m.impl("rms_norm", &mlc::rms_norm);
   m.impl("rope_neox", &mlc::rope_neox);
+  m.impl("rope_interleaved", &mlc::rope_interleaved);
   m.impl("silu_mul", &mlc::silu_mul);
   m.impl("decode_layer", &mlc::decode_layer);
 }

@@ -32,6 +32,8 @@ at::Tensor on_huge_pages(const at::Tensor& t);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                      int64_t head_dim);
+at::Tensor rope_interleaved(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                            int64_t head_dim);
 at::Tensor silu_mul(const at::Tensor& x);
 
 // decode_layer.cpp: a Llama decoder layer over a step of decode tokens, from the ops above in the eager order

@@ -142,16 +142,18 @@ def _gguf_layer(gf: GGUFFile, cfg: dict[str, Any], module: Linear, parts: list[_
 
 def _servable(module: nn.Module, parts: list[_Part], gguf: bool) -> bool:
     """Every weight tensor of this (Merged)Linear is of a type the chosen kernel reads (the gguf kernel's, else the
-    int4 ones), and every shard has its tensor."""
+    int4 ones), and every shard has its tensor (or one tensor holds them all)."""
     if not isinstance(module, Linear):
         return False
     weights = [p for p in parts if not p.is_bias]
     shards = len(module.shard_sizes) if isinstance(module, MergedLinear) else 1
+    # one tensor a shard, or one stacking every shard (GLM-4's ffn_up holds gate and up)
+    whole = len(weights) == 1 and weights[0].shard is None and _shape(weights[0].tensor) == tuple(module.weight.shape)
+    if not whole and len(weights) != shards:
+        return False
     if gguf:
-        return len(weights) == shards and all(gguf_kernel_fits(quant_type_name(p.tensor), *_shape(p.tensor))
-                                              for p in weights)
-    return (len(weights) == shards and all(quant_type_name(p.tensor) in INT4_TYPES for p in weights)
-            and module.in_features % 32 == 0)
+        return all(gguf_kernel_fits(quant_type_name(p.tensor), *_shape(p.tensor)) for p in weights)
+    return all(quant_type_name(p.tensor) in INT4_TYPES for p in weights) and module.in_features % 32 == 0
 
 
 def _embedding(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], name: str, parts: list[_Part],
