@@ -10,8 +10,8 @@
 * `on_huge_pages` (`huge_pages.cpp`): packed weights on 2 MiB pages, where they stream about a quarter faster;
 * RMSNorm, RoPE and SiLU x up for 16-bit models (`fused_ops.cpp`): one pass a row instead of several eager ops,
   with the eager ops' roundings;
-* a Llama decoder layer over a step of decode tokens (`decode_layer.cpp`; `models/fused_decode.py`): the ops above
-  called in the eager layer's order from C++, one call a layer instead of forty.
+* a Llama, GLM or GLM-4 decoder layer over a step of decode tokens (`decode_layer.cpp`; `models/fused_decode.py`):
+  the ops above called in the eager layer's order from C++, one call a layer instead of forty.
 
 `load()` builds the extension once per machine with torch's cpp_extension (the C++ compiler inductor uses too;
 `-O3 -march=native`) into `$MLC_HOME/kernels/cpu_kernels-torch<version>-<cpu>-<sources>/`, and loads it from there

@@ -81,7 +81,7 @@ class CausalLM(nn.Module):
         self.decode_plans: list | None = None  # fused decode layers (models/fused_decode.py), built at first use
 
     def modules_changed(self) -> None:
-        """Layers were swapped (LoRA wrappers, quantized stand-ins): plans made from the old ones are dropped."""
+        """A projection was wrapped (a LoRA adapter): plans made from the old modules are dropped."""
         self.decode_plans = None
 
     def forward(

@@ -141,7 +141,7 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids, positions, meta, kv_caches=None):
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
-        if meta.in_place_decode is not None:
+        if meta.in_place_decode is not None and h.device.type == "cpu" and not torch.compiler.is_compiling():
             if self.decode_plans is None:
                 self.decode_plans = model_plans(self.model.layers, self.fusable) or []
             if self.decode_plans and step_qualifies(self.decode_plans, h, cos, meta, kv_caches):
