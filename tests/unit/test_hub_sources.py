@@ -54,8 +54,9 @@ def test_gguf_quants_match_as_llama_cpp_matches_them():
 
 @pytest.fixture
 def fake_modelscope(monkeypatch, tmp_path):
-    """A stand-in for the two calls of ModelScope's SDK mlc makes (not the SDK itself, which is not installed
-    here): the file list with sizes and sha256, and one file into a local dir."""
+    """A stand-in for the two calls of ModelScope's SDK (`modelscope_hub`) a pull makes, for machines without the
+    SDK: the file list with sizes and sha256, and one file into a local dir (the SDK would check the sha256 itself;
+    this one does not, so mlc's own check is what a bad byte meets)."""
     monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
     repo = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"weights" * 100, "README.md": b"#"}
     served = dict(repo)
@@ -63,32 +64,41 @@ def fake_modelscope(monkeypatch, tmp_path):
     class NotExistError(Exception):
         pass
 
+    class Downloader:
+        def download_file(self, repo_id, repo_type, file_path, revision=None, local_dir=None, expected_sha256=None,
+                          file_size=None, progress_callbacks=()):
+            path = local_dir / file_path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(served[file_path])
+            for callback in progress_callbacks:
+                callback(file_path, file_size).update(len(served[file_path]))
+            return path
+
     class HubApi:
-        def get_model_files(self, model_id, revision=None, recursive=False):
-            if model_id != "ZhipuAI/glm-4-9b-chat-hf" or revision != "master":
-                raise NotExistError(model_id)
-            return [{"Path": n, "Size": len(d), "Sha256": hashlib.sha256(d).hexdigest(), "Type": "blob"}
+        downloader = Downloader()
+
+        def list_repo_files(self, repo_id, repo_type, revision=None, recursive=True):
+            if repo_id != "ZhipuAI/glm-4-9b-chat-hf" or revision != "master":
+                raise NotExistError(repo_id)
+            return [types.SimpleNamespace(path=n, size=len(d), sha256=hashlib.sha256(d).hexdigest(), is_dir=False)
                     for n, d in repo.items()]
 
-    def model_file_download(model_id, file_path, revision=None, local_dir=None):
-        path = tmp_path / local_dir / file_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(served[file_path])
-        return str(path)
+    class ProgressCallback:
+        def __init__(self, filename, file_size):
+            self.filename, self.file_size = filename, file_size
 
-    modules = {"modelscope": types.ModuleType("modelscope"), "modelscope.hub": types.ModuleType("modelscope.hub"),
-               "modelscope.hub.api": types.ModuleType("modelscope.hub.api"),
-               "modelscope.hub.file_download": types.ModuleType("modelscope.hub.file_download")}
-    modules["modelscope.hub.api"].HubApi = HubApi  # type: ignore[attr-defined]
-    modules["modelscope.hub.file_download"].model_file_download = model_file_download  # type: ignore[attr-defined]
-    for name, module in modules.items():
+    sdk, api = types.ModuleType("modelscope_hub"), types.ModuleType("modelscope_hub.api")
+    sdk.ProgressCallback, api.HubApi = ProgressCallback, HubApi  # type: ignore[attr-defined]
+    sdk._download = types.ModuleType("modelscope_hub._download")  # type: ignore[attr-defined]
+    for name, module in (("modelscope_hub", sdk), ("modelscope_hub.api", api),
+                         ("modelscope_hub._download", sdk._download)):  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, name, module)
     return served
 
 
 def test_modelscope_without_its_sdk_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("MLC_HOME", str(tmp_path / "home"))
-    monkeypatch.setitem(sys.modules, "modelscope", None)
+    monkeypatch.setitem(sys.modules, "modelscope_hub", None)
     for name in ("modelscope:ZhipuAI/GLM-4.5", "glm-4.5"):
         with pytest.raises(ConfigError, match=r"needs ModelScope's SDK, which is not installed .*pip install "
                                               r"'mlc\[modelscope\]'"):
@@ -109,6 +119,37 @@ def test_modelscope_pulls_through_its_sdk_and_checks_the_published_sha256(fake_m
         store.pull("modelscope:glm-4-9b", force=True)
     with pytest.raises(ModelNotFoundError, match=r"ZhipuAI/GLM-5 \(revision master\) was not found"):
         store.pull("modelscope:glm-5")
+
+
+def test_modelscope_sdk_itself_against_a_served_modelscope(monkeypatch, tmp_path, capfd):
+    """ModelScope's own SDK end to end, where it is installed (`mlc[modelscope]`); skipped elsewhere."""
+    pytest.importorskip("modelscope_hub")
+    import modelscope_hub.config
+
+    from tests.support.modelscope_server import FakeModelScope
+
+    weights = bytes(range(256)) * 40
+    server = FakeModelScope({"ZhipuAI/tiny": {"config.json": b'{"model_type": "llama"}', "model.safetensors": weights,
+                                              "pytorch_model.bin": b"pickle"}}).start()
+    for name, value in (("MLC_HOME", tmp_path / "home"), ("MODELSCOPE_ENDPOINT", server.url),
+                        ("MODELSCOPE_CACHE", tmp_path / "ms-cache"), ("MODELSCOPE_HOME", tmp_path / "ms-home")):
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.delenv("MODELSCOPE_API_TOKEN", raising=False)
+    monkeypatch.setattr(modelscope_hub.config, "_default_config", None)
+    try:
+        result = store.pull("modelscope:ZhipuAI/tiny")
+        assert (result.path / "model.safetensors").read_bytes() == weights
+        assert sorted(store.read_manifest(result.name)["files"]) == ["config.json", "model.safetensors"]
+        assert any("/repo/files?" in p for p in server.log) and any("FilePath=model.safetensors" in p
+                                                                     for p in server.log)
+        assert "%|" not in capfd.readouterr().err  # the SDK's own bar stays off: the bytes come to ours
+        server.corrupt.add("model.safetensors")
+        with pytest.raises(IntegrityError, match="does not match the size or sha256 ModelScope publishes"):
+            store.pull("modelscope:ZhipuAI/tiny", force=True)
+        with pytest.raises(ModelNotFoundError, match=r"ZhipuAI/absent \(revision master\) was not found on "):
+            store.pull("modelscope:ZhipuAI/absent")
+    finally:
+        server.stop()
 
 
 @pytest.fixture

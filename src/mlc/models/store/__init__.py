@@ -1,6 +1,6 @@
 """The model store under `$MLC_HOME/models`: pulling known models (`pulling`, `known_models`) and models from a hub
 (`hub_pull`: ids and GLM short names in `hub_names`, file choice in `hub_files`, the Hugging Face Hub in `hub`,
-ModelScope in `modelscope_hub`), moving a finished model into place (`placing`), what a name, a checkpoint dir, a
+ModelScope in `modelscope_source`), moving a finished model into place (`placing`), what a name, a checkpoint dir, a
 hub id or a .gguf file resolves to (`resolve`), each model's manifest and its integrity (`manifest`, `integrity`,
 `verifying`), the HF cache (`hf`), paths and listings (`paths`, `listing`).
 

@@ -107,9 +107,9 @@ def _download_and_place(source: Any, spec: HubSpec, commit: str, selection: Sele
 def _source(spec: HubSpec) -> Any:
     """The module that talks to the spec's hub: `check_online`, `listing`, `fetch`, `endpoint`."""
     if spec.source == "modelscope":
-        from mlc.models.store import modelscope_hub
+        from mlc.models.store import modelscope_source
 
-        return modelscope_hub
+        return modelscope_source
     from mlc.models.store import hub
 
     return hub
