@@ -121,8 +121,8 @@ def _http_get(spec: HubSpec, url: str, part: Path, size: int, on_bytes: OnBytes)
             if e.errno is not None:
                 raise MlcError(f"cannot write {part} ({e.strerror}); check that $MLC_HOME is writable") from None
             part.unlink(missing_ok=True)  # http_get's size check: the bytes that came are not this file
-            raise IntegrityError(f"{spec}: {part.name} did not arrive whole ({e}); the partial file was removed, run "
-                                 "the same command again") from None
+            raise IntegrityError(f"{spec}: {part.name} did not arrive whole ({one_line(e)}); the partial file was "
+                                 "removed, run the same command again") from None
 
 
 def _ignore(n: int) -> None:
@@ -196,7 +196,12 @@ def hub_errors(spec: HubSpec) -> Iterator[None]:
                             "(fine-grained tokens list the repos they reach) and pull again") from None
         raise NetworkError(f"{where} answered {status} for {spec}; the hub may be down, try again later") from None
     except hf.HTTPError as e:  # httpx2's base class (huggingface_hub's errors module imports it): transport errors
-        raise NetworkError(f"cannot reach {where} for {spec}: {type(e).__name__}: {e}") from None
+        raise NetworkError(f"cannot reach {where} for {spec}: {type(e).__name__}: {one_line(e)}") from None
+
+
+def one_line(e: Exception) -> str:
+    """An exception's text on one line (an error message is one line), at most 300 characters."""
+    return " ".join(str(e).split())[:300]
 
 
 def _status(e: Any) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlc.errors import AuthError, ConfigError, IntegrityError, ModelNotFoundError, NetworkError
+from mlc.models.store.hub import one_line
 from mlc.models.store.hub_files import RemoteFile
 from mlc.models.store.hub_names import HubSpec
 
@@ -114,15 +115,11 @@ def modelscope_errors(spec: HubSpec) -> Iterator[None]:
                             f"{where}/models/{spec.repo} with that account, then pull again") from None
         if name in ("FileIntegrityError", "FileSizeMismatchError"):
             raise IntegrityError(f"{spec}: a file does not match the size or sha256 ModelScope publishes "
-                                 f"({_one_line(e)}); nothing entered the store: run the same command again") from None
+                                 f"({one_line(e)}); nothing entered the store: run the same command again") from None
         if isinstance(e, (ConnectionError, TimeoutError)) or name in NETWORK_ERRORS:
-            raise NetworkError(f"cannot reach {where} for {spec} ({name}: {_one_line(e)}); what was downloaded is "
+            raise NetworkError(f"cannot reach {where} for {spec} ({name}: {one_line(e)}); what was downloaded is "
                                "kept, run the same command again to resume") from None
         raise
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())[:300]
 
 
 def _status(e: Any) -> int:
