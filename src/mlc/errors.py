@@ -66,6 +66,12 @@ class CapacityError(MlcError):
     error_type = "capacity_error"
 
 
+class DiskSpaceError(CapacityError):
+    """Too little free disk for a download, measured before its first byte; nothing was written."""
+
+    error_type = "insufficient_disk"
+
+
 class DeviceError(MlcError):
     exit_code = 7
     http_status = 500
@@ -133,6 +139,15 @@ class RequestTimeoutError(MlcError):
 
 class UnsupportedFeatureError(InvalidRequestError):
     error_type = "unsupported_feature"
+
+
+class NetworkError(MlcError):
+    """A model hub that cannot be reached (offline mode, no route, a connection that kept dropping); what was
+    downloaded is kept, and running the same command again resumes it."""
+
+    exit_code = 11
+    http_status = 503
+    error_type = "network_error"
 
 
 class ClusterError(MlcError):

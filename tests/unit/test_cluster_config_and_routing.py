@@ -199,7 +199,7 @@ def test_missing_preset_weights_say_where_to_put_them(tmp_path, monkeypatch):
     from mlc.errors import ModelNotFoundError
 
     monkeypatch.setenv("MLC_HOME", str(tmp_path))
-    with pytest.raises(ModelNotFoundError, match=f"in {tmp_path}/models/glm-5/"):
+    with pytest.raises(ModelNotFoundError, match=f"`mlc-cli models pull glm-5`, or put .* in {tmp_path}/models/glm-5/"):
         weights_dir(find_preset("glm5"))
 
 

@@ -175,7 +175,9 @@ def test_hf_repo_id_resolves_through_the_local_cache(tmp_path, monkeypatch):
     assert resolve_model_dir("tiny-org/tiny-llama") == snapshot
     assert resolve_tokenizer_dir("tiny-org/tiny-llama") == snapshot
     assert load_model("tiny-org/tiny-llama").model_dir == snapshot
-    with pytest.raises(ModelNotFoundError, match=r"neither a local path nor a model in the Hugging Face cache"):
+    with pytest.raises(ModelNotFoundError, match=r"not a local path, not in the store .*, not in the Hugging Face "
+                                                 r"cache .*; run `mlc-cli models pull tiny-org/absent` first, or pass "
+                                                 r"--pull"):
         resolve_model_dir("tiny-org/absent")
 
 

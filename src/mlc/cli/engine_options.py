@@ -6,10 +6,11 @@
         llm = LLM(config=engine.resolve())
 
 `@engine_options()` adds one typer option per scalar `EngineConfig` field (its type; `None` as the default, so a
-flag not given leaves the config file's key, and EngineConfig's default shows in --help) plus `--config FILE`, all
-in the "Engine" help panel, and hands the command one `EngineArgs`. The spellings and help texts are the table
-`FLAGS`; a field added to EngineConfig without a row still gets `--its-name` (the unit test asks for a row).
-Nested fields (`sparse_kv`, `lora_adapters`) are config-file keys; `serve --lora NAME=DIR` sets the adapters.
+flag not given leaves the config file's key, and EngineConfig's default shows in --help) plus `--config FILE` and
+`--pull` (a hub id not on this machine is pulled first; not a config key: pulling is the command's act, not the
+engine's), all in the "Engine" help panel, and hands the command one `EngineArgs`. The spellings and help texts
+are the table `FLAGS`; a field added to EngineConfig without a row still gets `--its-name` (the unit test asks for
+a row). Nested fields (`sparse_kv`, `lora_adapters`) are config-file keys; `serve --lora NAME=DIR` sets the adapters.
 
 Where a command already has an option of the same name or spelling (`generate --seed` is the sampling seed of
 each prompt), the command's own option keeps it and the engine's takes what is left (`--engine-seed`).
@@ -42,7 +43,8 @@ class Flag:
 
 # Field -> spellings and help. Keep every spelling: other tools' habits (vLLM's, plan's) and tests pin them.
 FLAGS: dict[str, Flag] = {
-    "model": Flag(("--model", "-m"), "Store name, HF checkpoint dir, org/name in the local HF cache, or .gguf file."),
+    "model": Flag(("--model", "-m"), "Store name, HF checkpoint dir, .gguf file, or hub id (org/name[@rev][:QUANT], "
+                  "modelscope:org/name, a GLM short name) pulled into the store or in the local HF cache."),
     "device": Flag(("--device",), "cpu, cuda, cuda:N, npu or auto."),
     "dtype": Flag(("--dtype",), "Compute dtype: auto (fp32 on CPU), fp32, fp16, bf16."),
     "weight_dtype": Flag(("--weight-dtype",), "auto, fp32, fp16, bf16 (storage), int8 (W8A8/W8A16 mixed), int4 "
@@ -78,6 +80,8 @@ FLAGS: dict[str, Flag] = {
                    "(default: sizes and sampled hashes).", show_default=False),
 }
 CONFIG_HELP = "Serve config YAML whose engine: keys are read; flags override it."
+PULL_HELP = ("Pull the model first when it is a hub id (ORG/NAME[@REVISION][:QUANT], modelscope:..., a GLM short "
+             "name) that is not on this machine; without it such a model is never downloaded.")
 
 
 def _scalar(annotation: Any) -> tuple[type, tuple] | None:
@@ -156,17 +160,22 @@ class EngineArgs:
 
     config: Path | None = None
     flags: dict[str, Any] = field(default_factory=dict)
+    pull: bool = False
 
     def overrides(self) -> dict[str, Any]:
         """The flags as serve config keys (`engine.device`); None still means "not given"."""
         return {f"engine.{name}": value for name, value in self.flags.items()}
 
     def load(self, notes: list[str] | None = None) -> EngineConfig:
-        """The `engine:` section of the config file (or its flat engine keys), then the flags given."""
+        """The `engine:` section of the config file (or its flat engine keys), then the flags given; with `--pull`,
+        a hub id not on this machine is pulled."""
+        from mlc.cli.pulling import pull_if_asked
         from mlc.config.loader import load_config
         from mlc.config.serve_config import ServeConfig
 
-        return load_config(self.config, ServeConfig, self.overrides(), notes=notes).engine
+        cfg = load_config(self.config, ServeConfig, self.overrides(), notes=notes).engine
+        pull_if_asked(cfg.model, self.pull)
+        return cfg
 
     def resolve(self) -> EngineConfig:
         """`load()`, then the tutorial's ASCEND_MAX_MEM; prints a note for each key, flag or variable translated
@@ -226,8 +235,8 @@ def engine_options(exclude: tuple[str, ...] = (), config_help: str = CONFIG_HELP
 
     def decorate(func):
         sig = inspect.signature(func, eval_str=True)
-        if "engine" not in sig.parameters or "config" in sig.parameters:
-            raise TypeError(f"{func.__name__}: @engine_options needs an `engine` parameter and adds `config`")
+        if "engine" not in sig.parameters or "config" in sig.parameters or "pull" in sig.parameters:
+            raise TypeError(f"{func.__name__}: @engine_options needs an `engine` parameter and adds `config`, `pull`")
         own = [p for name, p in sig.parameters.items() if name != "engine"]
         taken_names = {p.name for p in own}
         taken = set().union(*map(_spellings, own)) if own else set()
@@ -246,10 +255,13 @@ def engine_options(exclude: tuple[str, ...] = (), config_help: str = CONFIG_HELP
                                            annotation=_annotation(name, decls, PANEL)))
         added.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
             Optional[Path], typer.Option("--config", help=config_help, rich_help_panel=PANEL)]))
+        added.append(inspect.Parameter("pull", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[
+            bool, typer.Option("--pull", help=PULL_HELP, rich_help_panel=PANEL)]))
 
         @functools.wraps(func)
         def command(*args, **kwargs):
-            engine = EngineArgs(kwargs.pop("config"), {name: kwargs.pop(param) for name, param in names.items()})
+            engine = EngineArgs(kwargs.pop("config"), {name: kwargs.pop(param) for name, param in names.items()},
+                                kwargs.pop("pull"))
             return func(*args, **kwargs, engine=engine)
 
         params = [*own, *added]

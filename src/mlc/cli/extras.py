@@ -6,7 +6,8 @@ from __future__ import annotations
 EXTRA_OF = {
     "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "prometheus_client": "serve", "httpx": "serve",
     "llguidance": "serve", "jsonschema": "serve", "lm_eval": "eval", "ray": "cluster",
-    "peft": "train", "datasets": "train", "matplotlib": "train", "accelerate": "train",
+    "peft": "train", "datasets": "train", "matplotlib": "train", "accelerate": "train", "modelscope": "modelscope",
+    "modelscope_hub": "modelscope",
 }
 
 

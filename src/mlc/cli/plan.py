@@ -78,7 +78,8 @@ def print_plan(result) -> None:
 def plan_command(
     model: str = typer.Option(
         None, "--model", "-m",
-        help="Store name, checkpoint dir, config.json, or a built-in shape (glm-4-9b, glm-4.5, glm-4.5-air, glm-5)."),
+        help="Store name, checkpoint dir, config.json, a built-in shape (glm-4-9b, glm-4.5, glm-4.5-air, glm-5), or a "
+        "hub id on this machine (pulled, or in the HF cache; --pull reads its config.json from the hub)."),
     hardware: str = typer.Option(
         "cpu", "--hardware",
         help="Profile: cpu, nvidia-h200, nvidia-a100-80g, ascend-910b, ascend-310p, or a .yaml."),
@@ -97,6 +98,9 @@ def plan_command(
         None, "--sparse-kv-ratio", help="Plan with sparse KV keeping this share of old tokens."),
     config: str = typer.Option(None, "--config", help="A serve.yaml to take engine settings from (flags override it)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    pull: bool = typer.Option(False, "--pull", help="A hub id not on this machine: fetch its config.json from the hub "
+                              "(at the commit its revision resolves to) into the HF cache; the weights are not "
+                              "downloaded, planning needs none."),
 ) -> None:
     """Will the model fit, how large a batch, how many pages, which dtypes and devices, how fast."""
     from mlc.config.hardware import load_profile
@@ -122,11 +126,28 @@ def plan_command(
         max_num_batched_tokens=engine.max_num_batched_tokens,
     )
     profile = load_profile(hardware, measure=True)
+    if pull:
+        fetch_config_if_missing(engine.model)
     result = plan(inspect_model(engine.model), profile, request)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     else:
         print_plan(result)
+
+
+def fetch_config_if_missing(model: str) -> None:
+    """`plan --pull`: the config.json of a hub id that is not on this machine, from the hub (a line says so)."""
+    from pathlib import Path
+
+    from mlc.models.store.hub import fetch_config
+    from mlc.models.store.resolve import hub_config, hub_spec
+    from mlc.plan.shapes import SHAPES
+
+    spec = hub_spec(model) if not Path(model).expanduser().exists() and model.lower() not in SHAPES else None
+    if spec is None or hub_config(spec) is not None:
+        return
+    path = fetch_config(spec)
+    typer.echo(f"read {spec}'s config.json from the hub into {path.parent} (--pull; no weights downloaded)", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
@@ -12,6 +13,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
+    TransferSpeedColumn,
 )
 
 
@@ -23,5 +25,15 @@ def progress_bar(quiet: bool = False, counts: bool = True) -> Progress:
     return Progress(
         SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(), middle,
         TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=True,
+        disable=quiet or not console.is_terminal,
+    )
+
+
+def bytes_bar(quiet: bool = False) -> Progress:
+    """A transient download bar on stderr: bytes done of all, speed and time left; off as `progress_bar` is."""
+    console = Console(stderr=True)
+    return Progress(
+        SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=True,
         disable=quiet or not console.is_terminal,
     )

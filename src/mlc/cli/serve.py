@@ -77,8 +77,9 @@ def register(app: typer.Typer) -> None:
     @engine_options(config_help="Serve config YAML (engine: keys and the server's); flags override it.")
     def serve(
         model_arg: Annotated[Optional[str], typer.Argument(
-            metavar="MODEL", help="Store name, HF checkpoint dir, org/name in the HF cache or .gguf file "
-            "(same as --model).", show_default=False)] = None,
+            metavar="MODEL", help="Store name, HF checkpoint dir, .gguf file, or hub id (org/name[@rev][:QUANT], a "
+            "GLM short name) in the store or the HF cache; --pull fetches one that is not (same as --model).",
+            show_default=False)] = None,
         host: Annotated[Optional[str], typer.Option(help="Address to listen on (default 127.0.0.1).")] = None,
         port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
         api_key: Annotated[Optional[list[str]], typer.Option(
@@ -115,6 +116,7 @@ def register(app: typer.Typer) -> None:
 
         Also takes vLLM's and MindIE's flag names (--gpu-memory-utilization, --device_id, ...; see the README);
         each one translated prints what it became."""
+        from mlc.cli.pulling import pull_if_asked
         from mlc.server.observability.hooks import load_hooks
         from mlc.server.run import build_server
 
@@ -132,6 +134,7 @@ def register(app: typer.Typer) -> None:
         cfg = build_config(engine.config, overrides, list(api_key or []), parse_profiles(context_profile), notes)
         common.print_notes(notes)
         hooks = load_hooks()
+        pull_if_asked(cfg.engine.model, engine.pull)
         check_model(cfg.engine.model, cfg.engine.verify)
         level = log_level.upper()
         if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -86,6 +86,9 @@ def train_cmd(
     cluster_config: Optional[Path] = typer.Option(
         None, "--cluster-config", help="Run on the cluster's training pool with Ray Train (DDP workers, checkpoints "
         "on its training.storage, restarts after a worker dies)."),
+    pull: bool = typer.Option(False, "--pull", help="Pull the config's model first when it is a hub id "
+                              "(ORG/NAME[@REVISION], a GLM short name) that is not on this machine; without it such a "
+                              "model is never downloaded."),
 ) -> None:
     """Fine-tune a LoRA adapter. Resumes automatically when output_dir has a checkpoint (`--fresh` to restart).
 
@@ -110,6 +113,9 @@ def train_cmd(
     notes += env_notes
     if not launched_by_torchrun():
         print_notes(notes)
+        from mlc.cli.pulling import pull_if_asked
+
+        pull_if_asked(cfg.model, pull)
         if ui:
             from mlc.train.ui import start_ui
 

@@ -63,12 +63,13 @@ def detect_hardware() -> Hardware:
 def weights_dir(preset: Preset) -> Path:
     """The preset's checkpoint in the model store; ModelNotFoundError saying where to put it when it is absent."""
     from mlc.config.paths import models_dir
-    from mlc.models.store.known_models import KNOWN_MODELS
+    from mlc.models.store import KNOWN_MODELS, SHORT_NAMES
 
     path = models_dir() / preset.name
     if (path / "config.json").is_file():
         return path
-    pull = f"run `mlc-cli models pull {preset.name}`, or " if preset.name in KNOWN_MODELS else ""
+    pullable = preset.name in KNOWN_MODELS or preset.name in SHORT_NAMES
+    pull = f"run `mlc-cli models pull {preset.name}`, or " if pullable else ""
     raise ModelNotFoundError(
         f"{preset.title} weights are not on this machine: {pull}put its Hugging Face checkpoint (config.json, "
         f"tokenizer files and *.safetensors) in {path}/ (the model store; $MLC_HOME moves it), then run this "

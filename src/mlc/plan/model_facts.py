@@ -71,9 +71,16 @@ def _config_source(model: str) -> tuple[dict, str]:
     if path.suffix == ".gguf" and path.is_file():
         config = resolve_model_dir(path) / "config.json"
         return read_config_json(config), str(config)
+    from mlc.models.store.resolve import hub_config, hub_spec
+
+    spec = hub_spec(model)
+    config_path = hub_config(spec) if spec is not None else None
+    if config_path is not None:
+        return read_config_json(config_path), str(config_path)
+    hub = f"; for a hub id, `mlc-cli plan -m {model} --pull` reads its config.json from the hub" if spec else ""
     raise ModelNotFoundError(
         f"model {model!r} is neither a config.json, a checkpoint dir, a pulled store model nor a built-in shape "
-        f"(built-in: {', '.join(shape_names())})"
+        f"(built-in: {', '.join(shape_names())}){hub}"
     )
 
 

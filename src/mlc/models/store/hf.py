@@ -36,15 +36,16 @@ def looks_like_repo_id(name: str) -> bool:
     return bool(REPO_ID.fullmatch(name)) and not name.endswith((".gguf", ".json"))
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot dir of `repo_id` (its `main` ref), or None when it is not in the local HF cache."""
+def cached_snapshot(repo_id: str, revision: str | None = None) -> Path | None:
+    """The cached snapshot dir of `repo_id` at `revision` (default: its `main` ref), or None when it is not in the
+    local HF cache."""
     if not looks_like_repo_id(repo_id):
         return None
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        path = snapshot_download(repo_id, cache_dir=str(hf_cache_dir()), local_files_only=True)
+        path = snapshot_download(repo_id, revision=revision, cache_dir=str(hf_cache_dir()), local_files_only=True)
     except (LocalEntryNotFoundError, OSError, ValueError):
         return None
     return Path(path)
@@ -58,10 +59,15 @@ def check_snapshot(repo_id: str, path: Path) -> Path:
     return path
 
 
-def not_in_cache_message(name: str) -> str:
-    return (f"{name} is neither a local path nor a model in the Hugging Face cache ({hf_cache_dir()}); pass an "
-            f"existing checkpoint directory or .gguf file, a store name (`mlc-cli models list`), or download it "
-            f"first (`huggingface-cli download {name}`; mlc reads the cache offline)")
+def has_weights(path: Path) -> bool:
+    """A snapshot with weights, not only the config.json that `plan --pull` fetches."""
+    return any(path.glob("*.safetensors")) or any(path.glob("*.gguf"))
+
+
+def not_local_message(name: str, store: Path) -> str:
+    return (f"{name} is not on this machine: not a local path, not in the store ({store}), not in the Hugging Face "
+            f"cache ({hf_cache_dir()}); run `mlc-cli models pull {name}` first, or pass --pull to this command to "
+            "pull it now")
 
 
 def foreign_format_message(path: Path) -> str | None:

@@ -49,6 +49,7 @@ def known_model(name: str) -> KnownModel:
     if name not in KNOWN_MODELS:
         raise ModelNotFoundError(
             f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))} "
-            "(or pass an HF checkpoint directory or a .gguf file)"
+            "(or pass an HF checkpoint directory, a .gguf file, or a hub id: ORG/NAME[@REVISION][:QUANT] or a GLM "
+            "short name such as glm-4.5-air)"
         )
     return KNOWN_MODELS[name]

