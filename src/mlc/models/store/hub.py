@@ -196,7 +196,9 @@ def hub_errors(spec: HubSpec) -> Iterator[None]:
                             "(fine-grained tokens list the repos they reach) and pull again") from None
         raise NetworkError(f"{where} answered {status} for {spec}; the hub may be down, try again later") from None
     except hf.HTTPError as e:  # httpx2's base class (huggingface_hub's errors module imports it): transport errors
-        raise NetworkError(f"cannot reach {where} for {spec}: {type(e).__name__}: {one_line(e)}") from None
+        raise NetworkError(f"cannot reach {where} for {spec}: {type(e).__name__}: {one_line(e)}; check the network, "
+                           "set HF_ENDPOINT to a mirror you can reach, or pull from ModelScope (modelscope:ORG/NAME)"
+                           ) from None
 
 
 def one_line(e: Exception) -> str:
