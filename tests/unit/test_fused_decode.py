@@ -1,7 +1,8 @@
-"""Decode steps of a Llama or GLM-4-0414 GGUF model run one C++ op a layer (`models/fused_decode.py`,
+"""Decode steps of a Llama, GLM-4-0414 or GLM-4.5 GGUF model run one C++ op a layer (`models/fused_decode.py`,
 `csrc/decode_layer.cpp`): greedy tokens and their logprobs are bit for bit those of the eager layers, alone and in a
-batch of different lengths, for a one-format file, a mixed one (a merged projection of two formats) and GLM-4's
-layer (qkv bias, interleaved partial rotary, sandwich norms); GLM's rotary kernel is the eager one's bits; the op is
+batch of different lengths, for a one-format file, a mixed one (a merged projection of two formats), GLM-4's layer
+(qkv bias, interleaved partial rotary, sandwich norms) and GLM-4.5's (partial half-split rotary, MoE blocks with a
+shared expert, routed in one group or two); the rotary kernels are the eager ops' bits; the op is
 used only where it computes what the eager layers do, and a LoRA adapter or a prefill step falls back to them."""
 
 from __future__ import annotations
@@ -47,7 +48,23 @@ def _glm4_gguf(path):
     return path
 
 
-@pytest.mark.parametrize("file", ["Q4_0", "Q4_K+Q6_K", "glm4 Q8_0"])
+def _glm4moe_gguf(path, groups: int):
+    """GLM-4.5's layout without q/k norms (GLM-4.5-Air's), every matrix but the router in Q8_0, the experts in
+    `groups` groups of which each token's best one is searched."""
+    from gguf import GGMLQuantizationType as Q
+
+    from tests.support.gguf_files import byte_vocab
+    from tests.unit.test_gguf_glm4_moe import gguf_tensors, tiny_hf_glm4_moe, write_tiny_glm4_moe_gguf
+
+    names = gguf_tensors(tiny_hf_glm4_moe(len(byte_vocab()[0])))
+    quant = {n: Q.Q8_0 for n, w in names.items() if w.ndim >= 2 and "nextn" not in n and "ffn_gate_inp" not in n}
+    qk_norms = {n for n in names if "attn_q_norm" in n or "attn_k_norm" in n}
+    write_tiny_glm4_moe_gguf(path, quant=quant, pad=16, drop=qk_norms,
+                             extra_meta={"add_expert_group_count": groups, "add_expert_group_used_count": 1})
+    return path
+
+
+@pytest.mark.parametrize("file", ["Q4_0", "Q4_K+Q6_K", "glm4 Q8_0", "glm4moe Q8_0", "glm4moe Q8_0 2 groups"])
 def test_fused_decode_is_the_eager_decode_bit_for_bit(file, home, monkeypatch):
     from mlc import LLM
 
@@ -56,6 +73,8 @@ def test_fused_decode_is_the_eager_decode_bit_for_bit(file, home, monkeypatch):
     monkeypatch.setattr("mlc.models.llama.run_layers", lambda *a: calls.append(1) or run(*a))
     if file == "glm4 Q8_0":
         path = _glm4_gguf(home / "m.gguf")
+    elif file.startswith("glm4moe"):
+        path = _glm4moe_gguf(home / "m.gguf", 2 if "groups" in file else 1)
     else:
         kinds = {"attn_v": "Q6_K", "ffn_down": "Q6_K"} if "+" in file else None
         path = write_random_llama_gguf(home / "m.gguf", file.split("+")[0], kinds=kinds)
@@ -63,7 +82,7 @@ def test_fused_decode_is_the_eager_decode_bit_for_bit(file, home, monkeypatch):
     for prompts in ([PROMPTS[0]], PROMPTS):
         fused, ran = _generate(llm, prompts, True, calls)
         assert ran >= 39  # every decode step after the first token
-        assert len(llm.engine.runner.model.decode_plans) == 2
+        assert len(llm.engine.runner.model.decode_plans) == len(llm.engine.runner.model.model.layers)
         eager, ran = _generate(llm, prompts, False, calls)
         assert ran == 0
         assert fused == eager
@@ -92,17 +111,20 @@ def test_only_where_the_op_computes_the_eager_layer(home):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_the_interleaved_rotary_kernel_is_the_eager_ops_bits(dtype):
+@pytest.mark.parametrize("kernel", ["rope_interleaved", "rope_neox"])
+def test_the_rotary_kernels_are_the_eager_ops_bits(kernel, dtype):
+    """Over the whole head and over part of it (GLM's partial rotary), each kernel against its eager function."""
+    from mlc.layers import rotary
     from mlc.layers.cpu_kernels import cpu_op
-    from mlc.layers.rotary import apply_rope_interleaved
 
     gen = torch.Generator().manual_seed(0)
     for t, heads, kv, d, rot in [(1, 4, 2, 16, 8), (7, 32, 2, 128, 64), (3, 4, 2, 64, 64)]:
         qkv = torch.randn(t, (heads + 2 * kv) * d, generator=gen).to(dtype)
         angle = torch.randn(t, rot // 2, generator=gen)
         cos, sin = (torch.cat([f(angle), f(angle)], -1).to(dtype) for f in (torch.cos, torch.sin))
-        want = apply_rope_interleaved(qkv[:, : (heads + kv) * d].view(t, heads + kv, d), cos, sin)
-        assert torch.equal(cpu_op("rope_interleaved")(qkv, cos, sin, heads + kv, d), want)
+        eager = rotary.apply_rope_interleaved if kernel == "rope_interleaved" else rotary.apply_rope_neox
+        want = eager(qkv[:, : (heads + kv) * d].view(t, heads + kv, d), cos, sin)
+        assert torch.equal(cpu_op(kernel)(qkv, cos, sin, heads + kv, d), want)
 
 
 def test_the_step_metadata_says_when_every_sequence_decodes_in_place():

@@ -13,6 +13,7 @@ from mlc.layers.mlp import GatedMLP
 from mlc.layers.moe import SparseMoeBlock, map_moe_weight_name
 from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import apply_rope_neox
+from mlc.models.fused_decode import Fusable
 from mlc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -46,6 +47,7 @@ class Glm4MoeDecoderLayer(LlamaDecoderLayer):
 
 class Glm4MoeForCausalLM(LlamaForCausalLM):
     layer_cls = Glm4MoeDecoderLayer
+    fusable = Fusable(Glm4MoeDecoderLayer, Glm4MoeAttention, interleaved=False, sandwich=False, own_rotary=True)
 
     def map_weight_name(self, name):
         layer = _LAYER.match(name)

@@ -2,7 +2,8 @@
 // the eager code's rounding: every intermediate the eager ops would store in the model's dtype is rounded to it here
 // too, so with fp32 tables and inputs the results are the eager results, and rows never depend on each other.
 //   rms_norm: RMSNorm in transformers' order for a 16-bit model.
-//   rope_neox: half-split rotary over the query and key heads at the front of a fused QKV projection.
+//   rope_neox: half-split rotary over the query and key heads at the front of a fused QKV projection (over the
+//     first cos-width dims of each head, the rest copied: GLM-4.5's partial rotary).
 //   rope_interleaved: GLM's interleaved (pairwise) partial rotary over the same heads.
 //   silu_mul: silu(gate) * up over a fused [gate | up] projection.
 #include <ATen/ATen.h>
@@ -50,12 +51,12 @@ void rms_rows(const T* x, const T* w, T* out, int64_t rows, int64_t n, float eps
 // out[t, h, :] = x[t, h, :] * cos[t] + rotate_half(x[t, h, :]) * sin[t] for the first `heads` heads of each row
 template <typename T>
 void rope_rows(const T* x, int64_t row_stride, const T* cos, const T* sin, T* out, int64_t rows, int64_t heads,
-               int64_t d) {
-  const int64_t half = d / 2;
+               int64_t d, int64_t rot) {
+  const int64_t half = rot / 2;
   at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / (heads * d)), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const T* c = cos + t * d;
-      const T* s = sin + t * d;
+      const T* c = cos + t * rot;
+      const T* s = sin + t * rot;
       for (int64_t h = 0; h < heads; ++h) {
         const T* xr = x + t * row_stride + h * d;
         T* o = out + (t * heads + h) * d;
@@ -64,11 +65,12 @@ void rope_rows(const T* x, int64_t row_stride, const T* cos, const T* sin, T* ou
           const float b = rounded<T>(-static_cast<float>(xr[i + half]) * static_cast<float>(s[i]));
           o[i] = static_cast<T>(a + b);
         }
-        for (int64_t i = half; i < d; ++i) {
+        for (int64_t i = half; i < rot; ++i) {
           const float a = rounded<T>(static_cast<float>(xr[i]) * static_cast<float>(c[i]));
           const float b = rounded<T>(static_cast<float>(xr[i - half]) * static_cast<float>(s[i]));
           o[i] = static_cast<T>(a + b);
         }
+        for (int64_t i = rot; i < d; ++i) o[i] = xr[i];
       }
     }
   });
@@ -139,8 +141,9 @@ at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
                      int64_t head_dim) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
   TORCH_CHECK(head_dim % 2 == 0 && heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) == head_dim,
-              "cos and sin must be [T, head_dim]");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
+                  cos.size(1) <= head_dim,
+              "cos and sin must be [T, rotary dims], the rotary dims even and at most head_dim");
   TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
               "cos and sin must have qkv's dtype");
   auto c = cos.contiguous(), s = sin.contiguous();
@@ -148,7 +151,7 @@ at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   auto out = at::empty({rows, heads, head_dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_neox", [&] {
     rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                        out.data_ptr<scalar_t>(), rows, heads, head_dim);
+                        out.data_ptr<scalar_t>(), rows, heads, head_dim, c.size(1));
   });
   return out;
 }

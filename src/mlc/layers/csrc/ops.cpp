@@ -20,8 +20,8 @@ TORCH_LIBRARY(mlc_kernels, m) {
   m.def("rope_interleaved(Tensor qkv, Tensor cos, Tensor sin, int heads, int head_dim) -> Tensor");
   m.def("silu_mul(Tensor x) -> Tensor");
   m.def("decode_layer(Tensor h, Tensor cos, Tensor sin, Tensor[] weights, int[] kinds, int[] dims, float eps, "
-        "float scale, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor pages, Tensor ctx, int page_size) "
-        "-> Tensor");
+        "float scale, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor pages, Tensor ctx, int page_size, "
+        "Tensor[] experts, int[] moe, float routed_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mlc_kernels, CPU, m) {

@@ -40,6 +40,7 @@ at::Tensor silu_mul(const at::Tensor& x);
 at::Tensor decode_layer(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
                         at::IntArrayRef kinds, at::IntArrayRef dims, double eps, double scale,
                         const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,
-                        const at::Tensor& pages, const at::Tensor& ctx, int64_t page_size);
+                        const at::Tensor& pages, const at::Tensor& ctx, int64_t page_size, at::TensorList experts,
+                        at::IntArrayRef moe, double routed_scale);
 
 }  // namespace mlc
