@@ -1,8 +1,8 @@
-// One Llama, GLM, GLM-4-0414 or GLM-4.5 (MoE) decoder layer for a step of decode tokens, as one op: the eager layer's own kernels
-// (rms_norm, the gguf kernel, rope_neox or rope_interleaved, decode_attention, silu_mul) called in the eager order
-// on the same tensors, so the result is bit for bit the eager layer's. What it saves is the forty-odd Python calls
-// and op dispatches between them, a quarter of a decode step on the default model (ARCHITECTURE.md, "Defaults and
-// speed"; models/fused_decode.py decides when a layer qualifies).
+// One Llama, GLM, GLM-4-0414 or GLM-4.5 (MoE) decoder layer for a step of decode tokens, as one op: the eager layer's
+// own kernels (rms_norm, the gguf kernel, rope_neox or rope_interleaved, decode_attention, silu_mul; for a MoE block
+// the router's and experts' ATen ops) called in the eager order on the same tensors, so the result is bit for bit the
+// eager layer's. What it saves is the forty-odd Python calls and op dispatches between them, a quarter of a decode step
+// on the default model (ARCHITECTURE.md, "Defaults and speed"; models/fused_decode.py decides when a layer qualifies).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -71,11 +71,11 @@ at::Tensor routed_experts(const at::Tensor& x, at::TensorList experts, at::IntAr
 
 namespace mlc {
 
-// dims: heads, kv heads, head_dim, rope (0: half-split over all of head_dim, 1: GLM's interleaved pairs over cos's
-// width), sandwich norms (GLM-4-0414: a norm on the attention and the MLP outputs before each residual add), a
-// qkv bias, then the runs of qkv, o, gate|up and down (a MoE layer's shared expert; none without one). weights: the
-// input and post-attention norms, the two sandwich norms where there are, the qkv bias where there is, then every
-// run's packed tiles. A MoE layer (GLM-4.5) passes its routed experts and router (`routed_experts`).
+// dims: heads, kv heads, head_dim, rope over cos's width (0: half-split, 1: GLM's interleaved pairs), sandwich norms
+// (GLM-4-0414: a norm on the attention and the MLP outputs before each residual add), a qkv bias, then the runs of qkv,
+// o, gate|up and down (a MoE layer's shared expert; none without one). weights: the input and post-attention norms, the
+// two sandwich norms where there are, the qkv bias where there is, then every run's packed tiles. A MoE layer (GLM-4.5)
+// passes its routed experts and router (`routed_experts`).
 at::Tensor decode_layer(const at::Tensor& h, const at::Tensor& cos, const at::Tensor& sin, at::TensorList weights,
                         at::IntArrayRef kinds, at::IntArrayRef dims, double eps, double scale,
                         const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,

@@ -120,6 +120,33 @@ void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t width) {
   });
 }
 
+// The rotary ops' shared checks and dispatch: the first `heads` heads of each row of a fused [T, width] projection,
+// rotated over cos's width (half-split, or GLM's pairs), into [T, heads, head_dim]
+at::Tensor rotary(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
+                  int64_t head_dim, bool pairs) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
+  TORCH_CHECK(heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
+                  cos.size(1) <= head_dim,
+              "cos and sin must be [T, rotary dims], the rotary dims even and at most head_dim");
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
+              "cos and sin must have qkv's dtype");
+  auto c = cos.contiguous(), s = sin.contiguous();
+  const int64_t rows = qkv.size(0), rot = c.size(1);
+  auto out = at::empty({rows, heads, head_dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary", [&] {
+    const scalar_t* x = qkv.data_ptr<scalar_t>();
+    if (pairs) {
+      rope_pairs_rows<scalar_t>(x, qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(), rot,
+                                out.data_ptr<scalar_t>(), rows, heads, head_dim, rot);
+    } else {
+      rope_rows<scalar_t>(x, qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                          rows, heads, head_dim, rot);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 namespace mlc {
@@ -139,41 +166,12 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 at::Tensor rope_neox(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                      int64_t head_dim) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
-  TORCH_CHECK(head_dim % 2 == 0 && heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
-                  cos.size(1) <= head_dim,
-              "cos and sin must be [T, rotary dims], the rotary dims even and at most head_dim");
-  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
-              "cos and sin must have qkv's dtype");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  const int64_t rows = qkv.size(0);
-  auto out = at::empty({rows, heads, head_dim}, qkv.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_neox", [&] {
-    rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                        out.data_ptr<scalar_t>(), rows, heads, head_dim, c.size(1));
-  });
-  return out;
+  return rotary(qkv, cos, sin, heads, head_dim, false);
 }
 
 at::Tensor rope_interleaved(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
                             int64_t head_dim) {
-  TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qkv must be [T, width] with contiguous rows");
-  TORCH_CHECK(heads * head_dim <= qkv.size(1), "heads x head_dim must fit in a row");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == qkv.size(0) && cos.size(1) % 2 == 0 &&
-                  cos.size(1) <= head_dim,
-              "cos and sin must be [T, rotary dims], the rotary dims even and at most head_dim");
-  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type(),
-              "cos and sin must have qkv's dtype");
-  auto c = cos.contiguous(), s = sin.contiguous();
-  const int64_t rows = qkv.size(0);
-  auto out = at::empty({rows, heads, head_dim}, qkv.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rope_interleaved", [&] {
-    rope_pairs_rows<scalar_t>(qkv.data_ptr<scalar_t>(), qkv.stride(0), c.data_ptr<scalar_t>(),
-                              s.data_ptr<scalar_t>(), c.size(1), out.data_ptr<scalar_t>(), rows, heads, head_dim,
-                              c.size(1));
-  });
-  return out;
+  return rotary(qkv, cos, sin, heads, head_dim, true);
 }
 
 at::Tensor silu_mul(const at::Tensor& x) {
