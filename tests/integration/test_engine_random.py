@@ -44,6 +44,7 @@ def test_random_schedules_keep_every_invariant(engines):
     print("random engine schedules:", totals)
     assert totals["schedules"] == 200 and totals["compared_alone"] > 200
     assert totals["preemptions"] > 0 and totals["aborted"] > 0  # the sweep reaches the hard paths
+    assert totals["drafts_accepted"] > 0
 
 
 @pytest.mark.slow

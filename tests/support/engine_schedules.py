@@ -1,14 +1,16 @@
 """Randomized engine schedules on the tiny random Llama, checked against invariants.
 
 A schedule is a random engine configuration (page size, a KV pool small enough to preempt, token budget, chunked
-prefill, prefix caching, sparse KV, batch size) and a random stream of requests (shared prefixes, `n`, stop strings
-and stop ids, max_new_tokens 1..64, prompt logprobs, logprobs, seeds, penalties, a LoRA adapter) that arrive and are
-aborted at random steps. After every step the engine's state must audit clean; at the end:
+prefill, prefix caching, sparse KV or speculative decoding, batch size) and a random stream of requests (shared
+prefixes, `n`, stop strings and stop ids, max_new_tokens 1..64, prompt logprobs, logprobs, seeds, penalties, a LoRA
+adapter, a predicted output) that arrive and are aborted at random steps. After every step the engine's state must audit clean; at the end:
 
 - every request ended exactly once (one finished output, nothing after it), or was refused at admission;
 - no page leaked, and both queues are empty;
 - every deterministic request (greedy, or seeded) that was not aborted produced exactly what it produces alone on
-  a fresh engine (dense schedules; on sparse ones, requests with `full_kv`), prompt logprobs included;
+  a fresh engine without speculative decoding (a seeded sample too: each emitted token is one draw from the
+  request's generator, drafted or not), on dense schedules (on sparse ones, requests with `full_kv`), prompt
+  logprobs included;
 - the `n` samples of a sampled request (seeded or not) differ: each draws from its own generator.
 """
 
@@ -18,7 +20,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from mlc.config.engine_config import SparseKVConfig
+from mlc.config.engine_config import SparseKVConfig, SpeculativeConfig
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.sampling_params import SamplingParams
@@ -66,6 +68,10 @@ def random_params(rng: random.Random, vocab: int) -> SamplingParams:
         kw["ignore_eos"] = True
     if rng.random() < 0.2:
         kw["full_kv"] = True
+    if rng.random() < 0.1:
+        kw["speculative"] = False
+    if rng.random() < 0.1:
+        kw["prediction"] = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))] * 2
     return SamplingParams(**kw)
 
 
@@ -88,11 +94,18 @@ def random_engine(rng: random.Random, base: LLMEngine) -> LLMEngine:
     if rng.random() < 0.25:
         sparse = SparseKVConfig(window=16, ratio=rng.choice([0.25, 0.5]), min_context=rng.choice([24, 48]),
                                 sink_tokens=2)
+    spec = None
+    if sparse is None and rng.random() < 0.4:
+        lo = rng.randint(1, 3)
+        spec = SpeculativeConfig(num_speculative_tokens=rng.choice([1, 3, 6]), prompt_lookup_min=lo,
+                                 prompt_lookup_max=lo + rng.randint(0, 2),
+                                 disable_by_batch_size=rng.choice([None, 2, 8]))
     engine = LLMEngine(
         base.config, model=base.model, tokenizer=base.tokenizer, lora_adapters={}, page_size=page,
         kv_cache_memory=rng.randint(24, 96) * page * per_token, max_batch_size=rng.randint(1, 8),
         max_num_batched_tokens=rng.choice([16, 32, 64, 512]), enable_chunked_prefill=rng.random() < 0.7,
         enable_prefix_caching=rng.random() < 0.7, sparse_kv=sparse, seed=rng.randrange(100),
+        speculative_config=spec,
     )
     engine.adapters, engine.adapter_ids = base.adapters, base.adapter_ids  # already attached to the shared model
     return engine
@@ -196,7 +209,8 @@ def check_outcomes(engine: LLMEngine, reqs: list[PlannedRequest], outcomes: dict
 
 def sweep(base: LLMEngine, reference: LLMEngine, seeds: range) -> dict[str, int]:
     cache: dict = {}
-    totals = {"schedules": 0, "requests": 0, "compared_alone": 0, "preemptions": 0, "aborted": 0, "refused": 0}
+    totals = {"schedules": 0, "requests": 0, "compared_alone": 0, "preemptions": 0, "aborted": 0, "refused": 0,
+              "drafts_accepted": 0}
     vocab = base.model.config.vocab_size
     for seed in seeds:
         rng = random.Random(seed)
@@ -209,4 +223,5 @@ def sweep(base: LLMEngine, reference: LLMEngine, seeds: range) -> dict[str, int]
         totals["preemptions"] += engine.scheduler.num_preemptions
         totals["aborted"] += sum(o.aborted for o in outcomes.values())
         totals["refused"] += sum(o.refused for o in outcomes.values())
+        totals["drafts_accepted"] += engine.speculator.stats.accepted
     return totals

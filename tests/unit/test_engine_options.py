@@ -62,6 +62,7 @@ def test_every_scalar_engine_field_is_an_option_with_a_help_row():
     assert sorted(option_fields()) == sorted(scalar)
     assert set(FLAGS) == set(scalar), "give each EngineConfig field a row in FLAGS (spellings, help)"
     assert set(EngineConfig.model_fields) - set(scalar) == {"sparse_kv", "lora_adapters"}  # config-file keys
+    assert "speculative_config" in scalar  # nested, and a flag too: JSON text
 
 
 def test_the_engine_commands_are_the_ones_listed(root):

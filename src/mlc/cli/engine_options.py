@@ -10,7 +10,8 @@ flag not given leaves the config file's key, and EngineConfig's default shows in
 `--pull` (a hub id not on this machine is pulled first; not a config key: pulling is the command's act, not the
 engine's), all in the "Engine" help panel, and hands the command one `EngineArgs`. The spellings and help texts
 are the table `FLAGS`; a field added to EngineConfig without a row still gets `--its-name` (the unit test asks for
-a row). Nested fields (`sparse_kv`, `lora_adapters`) are config-file keys; `serve --lora NAME=DIR` sets the adapters.
+a row). Nested fields (`sparse_kv`, `lora_adapters`) are config-file keys; `serve --lora NAME=DIR` sets the adapters;
+`speculative_config` is both, its flag taking JSON text as vLLM's does.
 
 Where a command already has an option of the same name or spelling (`generate --seed` is the sampling seed of
 each prompt), the command's own option keeps it and the engine's takes what is left (`--engine-seed`).
@@ -76,6 +77,10 @@ FLAGS: dict[str, Flag] = {
     "compile": Flag(("--compile/--no-compile",), "Run the forward pass as one torch.compile graph (Llama and GLM-4 "
                     "dense, one rank, no LoRA; needs a C++ compiler): faster small batches after a one-time "
                     "compile."),
+    "speculative_config": Flag(("--speculative-config",), "Speculative decoding as JSON, vLLM's keys, e.g. "
+                               "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}' (prompt lookup; "
+                               "also prompt_lookup_min/max, disable_by_batch_size). Output unchanged.", type=str,
+                               show_default=False),
     "verify": Flag(("--verify",), "Check every byte of a store model against its manifest before loading "
                    "(default: sizes and sampled hashes).", show_default=False),
 }
@@ -99,9 +104,9 @@ def _scalar(annotation: Any) -> tuple[type, tuple] | None:
 def flag_for(name: str) -> Flag | None:
     """The option of EngineConfig field `name`: its table row, or one derived from the field; None if nested."""
     kind = _scalar(EngineConfig.model_fields[name].annotation)
-    if kind is None:
-        return None
     row = FLAGS.get(name)
+    if kind is None:
+        return row if row is not None and row.type is not None else None  # a nested field given as JSON text
     if row is None:
         dashed = name.replace("_", "-")
         row = Flag((f"--{dashed}/--no-{dashed}" if kind[0] is bool else f"--{dashed}",), "")
@@ -126,7 +131,10 @@ def _kind(name: str) -> tuple[type, tuple]:
     """_scalar of a field that is a command-line option (one of option_fields())."""
     kind = _scalar(EngineConfig.model_fields[name].annotation)
     if kind is None:
-        raise ValueError(f"EngineConfig.{name} is not a command-line option")
+        row = flag_for(name)
+        if row is None or row.type is None:
+            raise ValueError(f"EngineConfig.{name} is not a command-line option")
+        return row.type, ()
     return kind
 
 
@@ -207,7 +215,7 @@ def config_argv(cfg: EngineConfig, skip: tuple[str, ...] = ("model",)) -> list[s
                 raise ConfigError(f"engine.{name}: false has no flag")
             argv.append(on if value else off)
         else:
-            argv += [on, str(value)]
+            argv += [on, value.model_dump_json() if hasattr(value, "model_dump_json") else str(value)]
     for adapter, path in cfg.lora_adapters.items():
         argv += ["--lora", f"{adapter}={path}"]
     if cfg.sparse_kv is not None:

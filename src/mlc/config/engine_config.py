@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Literal
 
@@ -38,6 +39,35 @@ class SparseKVConfig(BaseModel):
     sink_tokens: int = Field(4, ge=0)  # first tokens, always kept (attention sinks)
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding (`mlc/engine/speculative.py`), vLLM's `--speculative-config` keys.
+
+    Each decoding sequence proposes up to `num_speculative_tokens` tokens that follow the latest earlier occurrence
+    of its last n tokens (n from `prompt_lookup_max` down to `prompt_lookup_min`) in its prompt and output; one step
+    verifies them, each as its own decode row, so the output is the one plain decoding gives (greedy: the same
+    tokens; sampling: the same distribution). A request opts out with `SamplingParams(speculative=False)`."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["ngram"] = "ngram"  # prompt lookup; draft_model and mtp are not built yet
+    num_speculative_tokens: int = Field(5, ge=1, le=16)
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+    disable_by_batch_size: int | None = Field(8, ge=1)  # no drafting while more sequences than this run
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method(cls, v):
+        if isinstance(v, dict) and v.get("method") in ("draft_model", "mtp", "eagle", "eagle3", "medusa"):
+            raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup)")
+        return v
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -55,6 +85,7 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     sparse_kv: SparseKVConfig | None = None
+    speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     seed: int = 0
     lora_adapters: dict[str, str] = Field(default_factory=dict)  # served adapter name -> PEFT adapter dir
     num_threads: int | None = Field(None, ge=1)  # CPU compute threads; None: torch's default (one per core)
@@ -62,6 +93,18 @@ class EngineConfig(BaseModel):
     enable_expert_parallel: bool = False  # MoE: whole experts spread over the ranks instead of split inside each
     compile: bool = False  # the forward pass as one torch.compile graph (engine/compiled_forward.py)
     verify: bool = False  # a store model's every byte against its manifest at load; off: sizes + sampled hashes
+
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _json(cls, v):
+        """The command line gives it as JSON text (`--speculative-config '{"method": "ngram"}'`)."""
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not JSON ({e.msg}); write e.g. "
+                                 '\'{"method": "ngram", "num_speculative_tokens": 5}\'') from e
+        return v
 
     @field_validator("kv_cache_memory", mode="before")
     @classmethod
@@ -72,4 +115,6 @@ class EngineConfig(BaseModel):
     def _check(self):
         if self.max_seq_len is not None and self.max_seq_len < self.page_size:
             raise ValueError("max_seq_len must be at least page_size")
+        if self.speculative_config is not None and self.sparse_kv is not None and self.sparse_kv.ratio < 1:
+            raise ValueError("speculative_config and sparse_kv cannot be used together yet; drop one of them")
         return self

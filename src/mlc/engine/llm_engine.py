@@ -27,6 +27,7 @@ from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import Scheduler, SchedulerOutput
 from mlc.engine.sequence import FinishReason, Sequence
 from mlc.engine.sparse_kv import SparseKV
+from mlc.engine.speculative import Speculator
 from mlc.errors import (
     CapacityError,
     ConfigError,
@@ -114,6 +115,7 @@ class LLMEngine:
             self.eos_ids, self.sparse,
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
+        self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
         self.outputs = OutputProcessor(tokenizer)
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
@@ -228,6 +230,7 @@ class LLMEngine:
         `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
         (`engine/recovery.py`)."""
         try:
+            self.speculator.propose(self.scheduler.running)
             plan = self.scheduler.schedule()
         except Exception as e:
             return self.recovery.step_failed(e, self.scheduler.running + list(self.scheduler.waiting)[:1], self.abort)
@@ -248,29 +251,61 @@ class LLMEngine:
         self.runner.apply_copies(plan.copies)
         step = self.runner.run_isolating(plan.scheduled)
         now = time.monotonic()
+        drafts = {s.seq.seq_id: s.num_draft for s in step.scheduled if s.completes}
         sampled: list[Sequence] = []
         rows: list[int] = []
-        for row, seq in enumerate(self.scheduler.advance(step.scheduled, step.prompt_logprobs, now)):
+        first_row: dict[int, int] = {}
+        row = 0
+        for seq in self.scheduler.advance(step.scheduled, step.prompt_logprobs, now):
+            first_row[seq.seq_id] = row
             children = self._fork(self.outputs.request_of(seq), seq)
             sampled += [seq, *children]
             rows += [row] * (1 + len(children))  # forked samples read their parent's logits row
+            row += 1 + drafts[seq.seq_id]  # a sequence's drafts have a logits row each
         self.scheduler.compact()
         touched: dict[str, Request] = {}
         failed = dict(step.failed)
         if sampled:
-            results, bad_rows = self.sampler.sample_isolating(step.logits[torch.tensor(rows)], sampled)
-            failed.update(bad_rows)
-            kept = [(s, r) for s, r in zip(sampled, results) if r is not None and s.request_id not in failed]
-            self.scheduler.postprocess([s for s, _ in kept], [r for _, r in kept], now)
-            self.generation_tokens += len(kept)
-            for seq, _ in kept:
-                touched[seq.request_id] = self.outputs.request_of(seq)
-                if self.outputs.detokenize(seq, self.scheduler.is_stop_token(seq, seq.output_ids[-1])):
-                    self.scheduler.finish(seq, FinishReason.STOP)  # a stop string in its text
+            self._sample(step.logits, sampled, rows, now, touched, failed)
+            self._verify(step.logits, [(s, first_row[s.seq_id], drafts[s.seq_id]) for s in sampled
+                                       if drafts.get(s.seq_id)], now, touched, failed)
         outputs = self.outputs.step_outputs(list(touched.values()), now)
         for rid, error in failed.items():  # culprits found by running them alone; the step itself went on
             outputs += self.recovery.fail(error, [rid], self.abort)
         return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int], now: float,
+                touched: dict[str, Request], failed: dict[str, Exception]) -> None:
+        """One token for each sequence from its logits row: appended, stop ids and strings checked."""
+        results, bad_rows = self.sampler.sample_isolating(logits[torch.tensor(rows)], seqs)
+        failed.update(bad_rows)
+        kept = [(s, r) for s, r in zip(seqs, results) if r is not None and s.request_id not in failed]
+        self.scheduler.postprocess([s for s, _ in kept], [r for _, r in kept], now)
+        self.generation_tokens += len(kept)
+        for seq, _ in kept:
+            touched[seq.request_id] = self.outputs.request_of(seq)
+            if self.outputs.detokenize(seq, self.scheduler.is_stop_token(seq, seq.output_ids[-1])):
+                self.scheduler.finish(seq, FinishReason.STOP)  # a stop string in its text
+
+    def _verify(self, logits: torch.Tensor, verifying: list[tuple[Sequence, int, int]], now: float,
+                touched: dict[str, Request], failed: dict[str, Exception]) -> None:
+        """Speculative rounds (`engine/speculative.py`): a sequence whose token from row j equals its draft j
+        samples row j+1 next; the rounds end where every sequence has missed, finished or used its drafts."""
+        accepted = {seq.seq_id: 0 for seq, _, _ in verifying}
+        going = verifying
+        for j in range(max((d for _, _, d in verifying), default=0)):
+            going = [(seq, row, d) for seq, row, d in going
+                     if j < d and not seq.is_finished and seq.request_id not in failed
+                     and seq.output_ids[-1] == seq.draft_ids[j]]
+            if not going:
+                break
+            for seq, _, _ in going:
+                accepted[seq.seq_id] = j + 1
+            self._sample(logits, [seq for seq, _, _ in going], [row + j + 1 for _, row, _ in going], now, touched,
+                         failed)
+        for seq, _, d in verifying:
+            self.speculator.record(seq, d, accepted[seq.seq_id])
+            self.scheduler.accept(seq, accepted[seq.seq_id])
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """At the end of the prompt, the request's other samples start sharing the parent's pages."""
@@ -294,5 +329,5 @@ class LLMEngine:
             kv_cache_usage=pm.usage(), num_free_pages=pm.num_free_pages, num_pages=pm.usable_pages,
             prefix_cache_queries=pm.prefix_queries, prefix_cache_hits=pm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens,
+            generation_tokens=self.generation_tokens, spec=self.speculator.snapshot(),
         )

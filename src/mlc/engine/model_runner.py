@@ -133,6 +133,9 @@ def prepare_step(scheduled: list[ScheduledSeq]) -> StepInputs:
     step = StepInputs([], [], [], [], [], {}, [], [])
     row = 0
     for s in scheduled:
+        if s.num_draft:
+            row = _verify_rows(step, s, row)
+            continue
         seq, k = s.seq, s.num_tokens
         step.ids += seq.all_ids[seq.num_cached : seq.num_cached + k]
         step.positions += range(seq.num_cached, seq.num_cached + k)
@@ -156,3 +159,24 @@ def prepare_step(scheduled: list[ScheduledSeq]) -> StepInputs:
             step.logit_rows.append(row + k - 1)
         row += k
     return step
+
+
+def _verify_rows(step: StepInputs, s: ScheduledSeq, row: int) -> int:
+    """A decoding sequence's next token and its drafts, each a decode row of its own over the same page table with
+    one more token of context than the row before: the rows compute exactly what one-token steps would (the
+    batch-invariant decode path), and each returns its logits. Returns the next free row."""
+    seq = s.seq
+    ids = [*seq.all_ids[seq.num_cached :], *seq.draft_ids[: s.num_draft]]
+    for j, token in enumerate(ids):
+        step.ids.append(token)
+        step.positions.append(seq.num_cached + j)
+        step.query_lens.append(1)
+        step.generating.append(True)
+        step.context_lens.append(seq.num_cache_entries + j + 1)
+        step.page_tables.append(seq.page_table)
+        step.logit_rows.append(row + j)
+    if seq.adapter_id:
+        step.adapter_rows.setdefault(seq.adapter_id, []).extend(range(row, row + len(ids)))
+    if seq.params.prompt_logprobs:
+        step.score.append((seq.seq_id, row, [], 0))
+    return row + len(ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlc.engine.sequence import TokenLogprob
+from mlc.engine.speculative import SpecStats
 from mlc.errors import MlcError
 
 
@@ -69,3 +70,4 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+    spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counters (zeros without it)

@@ -28,6 +28,9 @@ class SamplingParams:
     n: int = 1
     include_stop_str_in_output: bool = False
     full_kv: bool = False  # keep this request's whole KV cache even when the engine runs sparse KV
+    speculative: bool = True  # False: never draft for this request, even when the engine has speculative decoding
+    prediction: list[int] | None = None  # tokens the output is expected to repeat (OpenAI's predicted outputs):
+    # drafted from by prompt lookup; the output is the same with or without them
     grammar: GrammarSpec | None = None  # structured outputs: what the tokens must follow (compiled by the engine)
     max_tokens: InitVar[int | None] = None  # vLLM's and OpenAI's name for max_new_tokens (read back as .max_tokens)
 

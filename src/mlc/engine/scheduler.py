@@ -75,10 +75,11 @@ class Scheduler:
                 continue
             if not self._make_room(seq, k, chosen, out):
                 continue
-            out.copies += self.pages.grow(seq, seq.num_cache_entries + k)
-            out.scheduled.append(ScheduledSeq(seq, k))
+            d = self._drafts(seq, k, budget)
+            out.copies += self.pages.grow(seq, seq.num_cache_entries + k + d)
+            out.scheduled.append(ScheduledSeq(seq, k + d, d))
             chosen.add(seq.seq_id)
-            budget -= k
+            budget -= k + d
         if not out.preempted:
             self._admit(out, budget)
         return out
@@ -88,6 +89,15 @@ class Scheduler:
         if self.chunked:
             return min(need, budget)
         return need if need <= budget or not batch_nonempty else 0
+
+    def _drafts(self, seq: Sequence, k: int, budget: int) -> int:
+        """How many of the sequence's draft tokens ride in this step: those the budget and the free pages allow,
+        never at the cost of another sequence (the rest are dropped)."""
+        d = min(len(seq.draft_ids), budget - k) if k == seq.num_uncomputed == 1 else 0
+        while d and not self.pages.can_grow(seq, seq.num_cache_entries + k + d):
+            d //= 2
+        del seq.draft_ids[d:]
+        return d
 
     def _make_room(self, seq: Sequence, k: int, chosen: set[int], out: SchedulerOutput) -> bool:
         while not self.pages.can_grow(seq, seq.num_cache_entries + k):
@@ -127,6 +137,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.pages.free(seq)
+        seq.draft_ids = []
         self.running.remove(seq)
         seq.status = Status.WAITING
         seq.num_preemptions += 1
@@ -176,11 +187,22 @@ class Scheduler:
             seq = item.seq
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            seq.num_cached += item.num_tokens
-            seq.num_cache_entries += item.num_tokens
+            seq.num_cached += item.num_tokens - item.num_draft  # drafts count once accepted (`accept`)
+            seq.num_cache_entries += item.num_tokens - item.num_draft
             seq.prompt_logprobs += prompt_logprobs.get(seq.seq_id, [])
             self.pages.register_full_pages(seq)
         return due
+
+    def accept(self, seq: Sequence, num_accepted: int) -> None:
+        """Verification kept the first `num_accepted` of the sequence's drafts (now in `output_ids`): their KV
+        counts as cached, and the pages only rejected drafts reached are released, so nothing unaccepted ever
+        enters the prefix cache."""
+        seq.draft_ids = []
+        if seq.is_finished:
+            return  # ended inside the run (stop token, stop string, length): its pages are gone already
+        seq.num_cached += num_accepted
+        self.pages.shrink(seq, seq.num_cache_entries + num_accepted)
+        self.pages.register_full_pages(seq)
 
     def fork(self, parent: Sequence, num: int) -> list[Sequence]:
         """`num` more samples of `parent`'s prompt, sharing its pages, join the batch."""

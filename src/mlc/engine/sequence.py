@@ -73,6 +73,8 @@ class Sequence:
     max_len: int | None = None  # prompt + output bound for this sequence
     grammar: Grammar | None = None  # the request's compiled grammar (structured outputs), shared by its samples
     matcher: LLMatcher | None = None  # this sequence's own place in it: moved on by the scheduler, read by the sampler
+    draft_ids: list[int] = field(default_factory=list)  # speculative tokens proposed for the next step (unverified)
+    drafter: object | None = None  # the drafter's own state for this sequence (engine/speculative.py)
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -103,12 +105,14 @@ class Sequence:
 
 @dataclass
 class ScheduledSeq:
-    """One sequence's share of a step: `num_tokens` new tokens run through the model."""
+    """One sequence's share of a step: `num_tokens` new tokens run through the model, the last `num_draft` of them
+    speculative (its `draft_ids`, each verified as a decode row of its own)."""
 
     seq: Sequence
     num_tokens: int
+    num_draft: int = 0
 
     @property
     def completes(self) -> bool:
         """After this step the sequence's KV covers all its tokens, so its next token is sampled."""
-        return self.seq.num_cached + self.num_tokens == len(self.seq)
+        return self.seq.num_cached + self.num_tokens - self.num_draft == len(self.seq)

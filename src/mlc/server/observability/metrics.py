@@ -68,6 +68,22 @@ class EngineCollector(Collector):
                       s.num_preemptions if s else 0)
         yield counter("mlc:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens if s else 0)
         yield counter("mlc:generation_tokens", "Tokens generated.", s.generation_tokens if s else 0)
+        spec = s.spec if s else None
+        yield counter("mlc:spec_decode_num_drafts", "Sequence-steps that verified speculative tokens.",
+                      spec.proposals if spec else 0)
+        yield counter("mlc:spec_decode_num_draft_tokens", "Speculative tokens verified.", spec.drafted if spec else 0)
+        yield counter("mlc:spec_decode_num_accepted_tokens", "Speculative tokens accepted.",
+                      spec.accepted if spec else 0)
+        yield counter("mlc:spec_decode_draft_seconds", "Time spent proposing speculative tokens.",
+                      spec.draft_time_s if spec else 0.0)
+        per_pos = CounterMetricFamily("mlc:spec_decode_num_accepted_tokens_per_pos",
+                                      "Speculative tokens accepted, by position in the draft (0: the first).",
+                                      labels=["model_name", "position"])
+        drafted_at = spec.drafted_at if spec else []
+        for pos, n in enumerate(spec.accepted_at if spec else []):
+            if drafted_at[pos]:
+                per_pos.add_metric([self.model, str(pos)], n)
+        yield per_pos
 
 
 class ServerMetrics:

@@ -37,6 +37,9 @@ class LoadNow(BaseModel):
     prompt_tokens: int
     generation_tokens: int
     preemptions: int
+    spec_acceptance_rate: float | None = Field(None, description="Speculative tokens accepted of those verified, "
+                                               "since start (null: none drafted).")
+    spec_mean_accepted_length: float | None = Field(None, description="Tokens a drafting sequence gained per step.")
     requests_finished: dict[str, int] = Field(description="Finished requests by finish reason, since start.")
     requests_rejected: dict[str, int] = Field(description="Requests refused before the engine, by reason.")
 
@@ -89,6 +92,8 @@ def snapshot(state: ServerState, since: float | None) -> MetricsSnapshot:
             kv_pages_total=s.num_pages, kv_pages_free=s.num_free_pages,
             prefix_cache_hit_rate=s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None,
             prompt_tokens=s.prompt_tokens, generation_tokens=s.generation_tokens, preemptions=s.num_preemptions,
+            spec_acceptance_rate=s.spec.acceptance_rate,
+            spec_mean_accepted_length=s.spec.mean_accepted_length if s.spec.proposals else None,
             requests_finished=_by_label(m.finished, "finished_reason"),
             requests_rejected=_by_label(m.rejected, "reason"),
         )

@@ -39,7 +39,10 @@
     }
     const gen = mean(samples, "generation_tps", 10), prompt = mean(samples, "prompt_tps", 10);
     setText("tile-tps", fmt.num(gen, 1));
-    setText("tile-tps-sub", "generated, last 10 s; prompt " + fmt.num(prompt, 0));
+    const drafts = snap.now && snap.now.spec_acceptance_rate != null
+      ? "; drafts " + fmt.pct(snap.now.spec_acceptance_rate) + " accepted, " +
+        fmt.num(snap.now.spec_mean_accepted_length, 2) + " tokens/step" : "";
+    setText("tile-tps-sub", "generated, last 10 s; prompt " + fmt.num(prompt, 0) + drafts);
     const lat = snap.latency;
     setText("tile-ttft", fmt.ms(lat.ttft_s.p50));
     setText("tile-ttft-sub", "p50 · p90 · p99: " + triple(lat.ttft_s));

@@ -1,0 +1,169 @@
+"""Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of a sequence's
+latest n tokens, and keep the statistics of what verification accepted.
+
+The drafter only proposes. The scheduler gives a sequence's drafts room in the step (`ScheduledSeq.num_draft`),
+the model runner runs each draft as a decode row of its own (`model_runner.prepare_step`: the same page table, one
+more token of context per row), so every row's logits have the bits the one-token step gives, and the engine
+verifies them in rounds (`LLMEngine._verify`): round j samples row j as the plain path samples a token (penalties,
+grammar, logprobs, the request's generator) and the sequence goes on to row j+1 only if that token is draft j.
+Because a draft is a single token, not a distribution, sampling row j and comparing is rejection sampling: draft j
+is kept with the target probability of that token, and otherwise the token drawn is a draw from the target with
+draft j removed, renormalized. The output is the one plain decoding gives: greedy, the same tokens; sampling, the
+same distribution. The scheduler then counts the accepted drafts as cached and frees the pages only rejected drafts
+used (`Scheduler.accept`), so only accepted tokens ever reach the prefix cache.
+
+Drafting turns itself down where it does not pay: no match, no proposal; a proposal with nothing accepted makes
+that sequence wait 1, 2, 4 ... 32 steps before it drafts again, and a partly accepted one proposes one token more
+than was accepted next time; with more than `disable_by_batch_size` running sequences nobody drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mlc.config.engine_config import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from mlc.engine.sequence import Sequence
+
+MAX_POSITIONS = 16  # SpeculativeConfig.num_speculative_tokens' bound
+MAX_COOLDOWN = 32
+
+
+class NgramIndex:
+    """For each n-gram of a growing token list (n in [lo, hi]), the position just after its latest occurrence
+    that has a token after it. Kept up to date incrementally: a step costs a few dict writes per new token."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.sizes = range(hi, lo - 1, -1)  # longest first: a longer match is the better predictor
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self.size = 0
+
+    def extend(self, tokens: list[int]) -> None:
+        for p in range(max(self.size, 1), len(tokens)):  # p: a position with a token at it, after an n-gram
+            for n, m in self.maps.items():
+                if p >= n:
+                    m[tuple(tokens[p - n : p])] = p
+        self.size = max(self.size, len(tokens))
+
+    def continuation(self, suffix_of: list[int], source: list[int], k: int) -> list[int]:
+        """Up to `k` tokens of `source` that followed the latest occurrence of `suffix_of`'s last n tokens."""
+        for n in self.sizes:
+            if len(suffix_of) < n:
+                continue
+            p = self.maps[n].get(tuple(suffix_of[-n:]))
+            if p is not None:
+                return source[p : p + k]
+        return []
+
+
+@dataclass
+class DraftState:
+    """A sequence's own drafting state (`Sequence.drafter`)."""
+
+    index: NgramIndex
+    prediction: NgramIndex | None = None
+    limit: int = 0  # drafts to propose next time
+    misses: int = 0  # proposals in a row of which nothing was accepted
+    cooldown: int = 0  # steps left before the next proposal
+
+
+@dataclass
+class SpecStats:
+    """Counters since the engine started: `/metrics`, the dashboard and `bench` read them."""
+
+    proposals: int = 0  # sequence-steps that carried drafts
+    drafted: int = 0  # draft tokens verified
+    accepted: int = 0  # draft tokens accepted
+    drafted_at: list[int] = field(default_factory=lambda: [0] * MAX_POSITIONS)  # by position in the draft
+    accepted_at: list[int] = field(default_factory=lambda: [0] * MAX_POSITIONS)
+    draft_time_s: float = 0.0  # time spent proposing
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verified sequence-step emitted on average: accepted drafts plus the one token every step gives."""
+        return 1.0 + self.accepted / self.proposals if self.proposals else 0.0
+
+
+class Speculator:
+    """Proposes drafts for the running sequences before each step and records what verification kept.
+
+    `config` None: the engine has no speculative decoding, but a request that brings a `prediction` still drafts
+    from it (with the defaults of `SpeculativeConfig`), unless `predictions` is false (sparse KV compacts the
+    cache between a step and its verification)."""
+
+    def __init__(self, config: SpeculativeConfig | None, predictions: bool = True) -> None:
+        self.enabled = config is not None
+        self.predictions = predictions
+        self.config = config or SpeculativeConfig()
+        self.stats = SpecStats()
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Set `draft_ids` of each running sequence whose next step is a decode (empty: none)."""
+        start = time.perf_counter()
+        limit = self.config.disable_by_batch_size
+        crowded = limit is not None and len(running) > limit
+        for seq in running:
+            seq.draft_ids = [] if crowded else self._draft(seq)
+        self.stats.draft_time_s += time.perf_counter() - start
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        p = seq.params
+        wanted = p.speculative and (self.enabled or bool(p.prediction) and self.predictions)
+        if not wanted or seq.num_uncomputed != 1 or not seq.output_ids:
+            return []
+        state = seq.drafter if isinstance(seq.drafter, DraftState) else self._start(seq)
+        if state.cooldown:
+            state.cooldown -= 1
+            return []
+        room = min(p.max_new_tokens - len(seq.output_ids), (seq.max_len or 1 << 30) - len(seq)) - 1
+        k = min(state.limit, room)
+        if k <= 0:
+            return []
+        tokens = seq.all_ids
+        state.index.extend(tokens)
+        draft = state.prediction.continuation(tokens, p.prediction, k) if state.prediction and p.prediction else []
+        draft = draft or state.index.continuation(tokens, tokens, k)
+        if draft and seq.matcher is not None and not seq.matcher.is_stopped():
+            draft = draft[: seq.matcher.validate_tokens(draft)]  # never propose what the grammar forbids
+        return draft
+
+    def _start(self, seq: Sequence) -> DraftState:
+        c = self.config
+        state = DraftState(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max), limit=c.num_speculative_tokens)
+        if seq.params.prediction:
+            state.prediction = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max)
+            state.prediction.extend(seq.params.prediction)
+        seq.drafter = state
+        return state
+
+    def snapshot(self) -> SpecStats:
+        """A copy of the counters, safe to read on another thread."""
+        s = self.stats
+        return SpecStats(s.proposals, s.drafted, s.accepted, list(s.drafted_at), list(s.accepted_at), s.draft_time_s)
+
+    def record(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """Verification kept `accepted` of the `drafted` tokens proposed for `seq`."""
+        s = self.stats
+        s.proposals += 1
+        s.drafted += drafted
+        s.accepted += accepted
+        for j in range(min(drafted, MAX_POSITIONS)):
+            s.drafted_at[j] += 1
+            s.accepted_at[j] += j < accepted
+        state = seq.drafter
+        if not isinstance(state, DraftState):
+            return
+        if accepted == 0:
+            state.misses += 1
+            state.cooldown = min(1 << (state.misses - 1), MAX_COOLDOWN)
+            return
+        state.misses = 0
+        full = self.config.num_speculative_tokens
+        state.limit = min(full, 2 * drafted) if accepted == drafted else max(1, accepted + 1)
