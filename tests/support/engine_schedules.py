@@ -3,7 +3,8 @@
 A schedule is a random engine configuration (page size, a KV pool small enough to preempt, token budget, chunked
 prefill, prefix caching, sparse KV or speculative decoding, batch size) and a random stream of requests (shared
 prefixes, `n`, stop strings and stop ids, max_new_tokens 1..64, prompt logprobs, logprobs, seeds, penalties, a LoRA
-adapter, a predicted output) that arrive and are aborted at random steps. After every step the engine's state must audit clean; at the end:
+adapter, a predicted output) that arrive and are aborted at random steps. After every step the engine's state must
+audit clean; at the end:
 
 - every request ended exactly once (one finished output, nothing after it), or was refused at admission;
 - no page leaked, and both queues are empty;
