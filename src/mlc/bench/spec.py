@@ -8,9 +8,10 @@ own n-gram drafting (`--spec-type ngram-simple`, its defaults). Workloads, greed
   quote       a passage of the text, asked back word for word (input-grounded)
   chat        the built-in open-ended prompts at concurrency 1 and at concurrency 32
 At concurrency 1 the figure is a stream's decode speed (tokens/s after its first token, from the mean time per
-output token), at 32 the output tokens/s of all streams together; our speculative server's draft counters (from /metrics) give the acceptance. Before the
-servers start, `verify_cost` times one model step of one sequence carrying 1..16 tokens at a short and a long context
-in this process: the cost of verifying k drafts, which sets `num_speculative_tokens`.
+output token), at 32 the output tokens/s of all streams together; our speculative server's draft counters (from
+/metrics) give the acceptance. Before the servers start, `verify_cost` times one model step of one sequence carrying
+1..16 tokens at a short and a long context in this process: the cost of verifying k drafts, which sets
+`num_speculative_tokens`.
 """
 
 from __future__ import annotations
