@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response
@@ -67,15 +67,23 @@ class LenientRoute(APIRoute):
                 if not dropped:
                     raise
                 log.info("%s: ignored unknown field(s) %s (--api-lenient)", request.url.path, ", ".join(dropped))
-                response = await handler(Request(request.scope, _replay(json.dumps(body).encode())))
+                replay = _replay(json.dumps(body).encode(), request.receive)
+                response = await handler(Request(request.scope, replay))
                 response.headers[IGNORED_HEADER] = ",".join(dropped)
                 return response
 
         return run
 
 
-def _replay(data: bytes) -> Callable[[], Coroutine[Any, Any, Message]]:
+def _replay(data: bytes, then: Callable[[], Awaitable[Message]]) -> Callable[[], Awaitable[Message]]:
+    """A receive that gives `data` as the body once, then the connection's own messages (its disconnect)."""
+    sent = False
+
     async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return await then()
+        sent = True
         return {"type": "http.request", "body": data, "more_body": False}
 
     return receive

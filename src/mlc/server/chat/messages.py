@@ -44,7 +44,10 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
         else:
             parts: list[str] = []
             for j, part in enumerate(content):
-                if part.type == "refusal" and part.refusal is not None:
+                if part.type == "refusal":  # an assistant's earlier refusal: what it said
+                    if part.refusal is None:
+                        raise InvalidRequestError(f"{field}[{j}].refusal is missing; a refusal part needs its text",
+                                                  field=f"{field}[{j}].refusal")
                     parts.append(part.refusal)
                     continue
                 if part.type != "text":
