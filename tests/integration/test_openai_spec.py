@@ -11,13 +11,16 @@ import openai
 import pytest
 
 from tests.support.agent_cases import ASK, WEATHER
-from tests.support.server_process import MODEL, ServerProcess
+from tests.support.server_process import ServerProcess
+
+MODEL = "local/smollm2-135m"  # a served id with a slash, as hub ids have
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("spec")
-    with ServerProcess(tmp, ["--api-lenient", "--audit-log", str(tmp / "audit.jsonl")]) as srv:
+    args = ["--api-lenient", "--audit-log", str(tmp / "audit.jsonl"), "--served-model-name", MODEL]
+    with ServerProcess(tmp, args) as srv:
         yield srv
 
 
@@ -88,7 +91,8 @@ def test_legacy_functions_answer_with_function_call(client, server):
 
 
 def test_models_by_id(client, server):
-    assert client.models.retrieve(MODEL).id == MODEL
+    assert client.models.retrieve(MODEL).id == MODEL  # the SDK sends the slash %2F-encoded
+    assert httpx.get(f"{server.url}/v1/models/{MODEL}", timeout=10).json()["id"] == MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
     r = httpx.get(server.url + "/v1/models/gpt-4o", timeout=10)

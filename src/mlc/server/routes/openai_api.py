@@ -58,9 +58,10 @@ async def list_models(request: Request):
     return ModelList(data=_model_cards(request))
 
 
-@router.get("/v1/models/{model}", response_model=ModelCard, summary="One served model or LoRA adapter")
+@router.get("/v1/models/{model:path}", response_model=ModelCard, summary="One served model or LoRA adapter")
 async def retrieve_model(model: str, request: Request):
-    """404 for an id that is neither the served model nor one of its adapters."""
+    """404 for an id that is neither the served model nor one of its adapters; an id may hold slashes
+    (`org/model`)."""
     cards = _model_cards(request)
     for card in cards:
         if card.id == model:
