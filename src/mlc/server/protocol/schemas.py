@@ -43,7 +43,7 @@ StopField = Annotated[
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 is greedy decoding.")]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = Annotated[int | None, Field(None, ge=-(2**64), le=2**64, description=(
+Seed = Annotated[int | None, Field(None, ge=1 - 2**64, le=2**64 - 1, description=(
     "Same seed, same request: same output. Any 64-bit integer, taken modulo 2**63.")),
     AfterValidator(lambda v: None if v is None else v % (MAX_SEED + 1))]
 ContextLength = Annotated[int | None, Field(
