@@ -15,7 +15,7 @@ from mlc.server.chat.reasoning import ReasoningSplitter, starts_inside, template
 from mlc.server.chat.structured import compile_grammar, requested_spec
 from mlc.server.chat.tool_grammar import tool_call_grammar
 from mlc.server.chat.tools import ToolSetup, requested_tools, setup_tools
-from mlc.server.prompting import Prompt
+from mlc.server.prompting import Prompt, encode
 from mlc.server.protocol.schemas import ChatCompletionRequest
 from mlc.server.protocol.schemas_openai import THINKING_OFF
 from mlc.server.state import ServerState, loaded_engine
@@ -29,6 +29,7 @@ class ChatPlan:
     reasoning: bool  # the template's model thinks in <think>: split it out as reasoning_content
     inside: bool  # the prompt opened <think> for the model
     legacy: bool = False  # asked with the deprecated functions: the call comes back as message.function_call
+    prediction: list[int] | None = None  # OpenAI's predicted output, tokenized: a draft source for the engine
 
     def output(self) -> AssistantOutput:
         """A fresh reader of one choice's text."""
@@ -62,4 +63,17 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest, context: int) -> 
         forced = tool_call_grammar(tools, loaded_engine(state).tokenizer.get_added_vocab())
     grammar = compile_grammar(state, requested_spec(body, forced))
     reasons = template_reasons(template)
-    return ChatPlan(prompt, tools, grammar, reasons, reasons and starts_inside(prompt.text or ""), asked.legacy)
+    return ChatPlan(prompt, tools, grammar, reasons, reasons and starts_inside(prompt.text or ""), asked.legacy,
+                    predicted(state, body, context))
+
+
+def predicted(state: ServerState, body: ChatCompletionRequest, context: int) -> list[int] | None:
+    """The prediction's text as tokens (no special tokens): the engine drafts from them by prompt lookup, and
+    verifies every draft, so the output is the same with or without them."""
+    if body.prediction is None:
+        return None
+    content = body.prediction.content
+    text = content if isinstance(content, str) else "".join(part.text for part in content)
+    if not text:
+        return None
+    return encode(state, text, "prediction.content", False, context).ids

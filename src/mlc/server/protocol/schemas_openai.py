@@ -95,7 +95,8 @@ class OpenAIServiceFields(NullableFields):
         "[\"text\"] or null; audio output is a 400 (this model writes text)."))
     audio: AudioOutput | None = Field(None, description="Only null: audio output is a 400 (this model writes text).")
     prediction: Prediction | None = Field(None, description=(
-        "Accepted and ignored for now (no speculative decoding yet); the output is the same either way."))
+        "Predicted output: its tokens are a draft source for speculative decoding (prompt lookup), every draft "
+        "verified, so the output is the same with or without it; only faster where the reply repeats it."))
     web_search_options: dict[str, Any] | None = Field(None, description=(
         "Only null: web search is a 400 (the server has no search tool)."))
     moderation: dict[str, Any] | None = Field(None, description="Only null: moderation is a 400 (none is run).")

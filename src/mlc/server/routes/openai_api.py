@@ -85,7 +85,7 @@ def _limits(state: ServerState, body: OpenAIRequest) -> Limits:
 
 def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Limits, max_tokens: int | None,
             logprobs: int | None, rename: dict[str, str], grammar: GrammarSpec | None = None,
-            prompt_logprobs: bool = False):
+            prompt_logprobs: bool = False, prediction: list[int] | None = None):
     budget = completion_budget(len(prompt.ids), max_tokens, limits, state.config.default_max_tokens)
     bias = {int(k): v for k, v in body.logit_bias.items()} if body.logit_bias else None
     temperature = 0.0 if body.top_p == 0.0 else body.temperature  # top_p 0 keeps the most likely token only
@@ -96,6 +96,7 @@ def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Lim
         stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos, min_new_tokens=body.min_tokens,
         logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
         full_kv=body.full_kv, grammar=grammar, prompt_logprobs=prompt_logprobs, logit_bias=bias,
+        prediction=prediction,
     )
     rr.validate(state, prompt.ids, params, limits, rename)
     return params
@@ -198,7 +199,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     prompt = plan.prompt
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     rename = {"max_new_tokens": max_field, "min_new_tokens": "min_tokens", "logprobs": "top_logprobs"}
-    params = _params(state, body, prompt, limits, max_tokens, logprobs, rename, plan.grammar)
+    params = _params(state, body, prompt, limits, max_tokens, logprobs, rename, plan.grammar,
+                     prediction=plan.prediction)
     rid = state.new_request_id("chatcmpl")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped
     if state.config.audit_log_content:
