@@ -122,3 +122,16 @@ def test_abort_frees_pages_at_once(base, prompts):
         assert out.finished and out.outputs[0].finish_reason == "abort"
     assert_no_leak(llm)
     assert not llm.engine.has_unfinished()
+
+
+def test_logit_bias_forces_and_bans_tokens_in_a_batch(base, prompts, batched):
+    """+100 on one token makes greedy pick it every step; -100 on greedy's first token makes it never appear; a
+    request without a bias in the same batch keeps its greedy tokens."""
+    forced, banned = 28, batched[1][0]
+    params = [SamplingParams(max_new_tokens=8, temperature=0.0, logit_bias={forced: 100.0}),
+              SamplingParams(max_new_tokens=8, temperature=0.0, logit_bias={banned: -100.0}),
+              SamplingParams(max_new_tokens=8, temperature=0.0)]
+    outs = [o.outputs[0].token_ids for o in base.generate(prompts[:3], params)]
+    assert outs[0] == [forced] * 8
+    assert banned not in outs[1]
+    assert outs[2] == batched[2][:8]

@@ -264,7 +264,7 @@ BAD = [
      "response_format.json_schema"),
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"1": 5}}, "logit_bias"),
+    ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"999999999": 5}}, "logit_bias"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]"),
 ]

@@ -73,6 +73,8 @@ def random_params(rng: random.Random, vocab: int) -> SamplingParams:
         kw["speculative"] = False
     if rng.random() < 0.1:
         kw["prediction"] = [rng.randrange(vocab) for _ in range(rng.randint(1, 12))] * 2
+    if rng.random() < 0.15:
+        kw["logit_bias"] = {rng.randrange(vocab): rng.choice([-100.0, -2.0, 3.0])}  # +100 would make n samples equal
     return SamplingParams(**kw)
 
 

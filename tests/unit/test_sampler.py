@@ -306,3 +306,28 @@ def test_half_precision_logits_are_sampled_in_float32():
     (token, lp), = Sampler({EOS})(row[None], [make_seq(temperature=0.0, logprobs=0)])
     assert token == 1
     assert lp.logprob == pytest.approx(float(torch.log_softmax(row.float(), dim=-1)[1]), abs=1e-5)
+
+
+# logit_bias (OpenAI's): added to the rows that have one, before greedy or sampling
+def test_logit_bias_forces_bans_and_leaves_other_rows_alone():
+    rows = ROW.expand(3, -1).clone()
+    seqs = [make_seq(temperature=0.0, logit_bias={8: 100.0}), make_seq(temperature=0.0, logit_bias={1: -100.0}),
+            make_seq(temperature=0.0)]
+    tokens = [t for t, _ in Sampler({EOS})(rows, seqs)]
+    assert tokens == [8, 5, 1]  # +100 forces the least likely token; -100 bans the argmax; no bias: the argmax
+
+
+def test_a_banned_token_is_never_drawn_and_logprobs_stay_the_models():
+    seq = make_seq(temperature=1.0, logit_bias={1: -100.0, 5: -100.0}, logprobs=0)
+    counts = draw(ROW, seq, n=500)
+    assert counts[1] == 0 and counts[5] == 0
+    (token, lp), = Sampler({EOS})(ROW.unsqueeze(0), [make_seq(temperature=0.0, logit_bias={8: 100.0}, logprobs=0)])
+    assert token == 8 and lp.logprob == pytest.approx(float(torch.log_softmax(ROW, -1)[8]))
+
+
+def test_a_bias_out_of_range_names_logit_bias():
+    from mlc.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(logit_bias={3: 150.0})
+    assert e.value.field == "logit_bias"

@@ -7,6 +7,9 @@ prefixes up to that chunk. The table remembers which replica last took each chun
 replica holding its deepest known chunk; a prefix never seen goes to the replica its first chunk hashes to
 (rendezvous hashing, so several gateways agree without talking). If that replica has more than `max_load_gap`
 requests in flight beyond the least busy one, the least busy replicas get the request instead.
+
+A chat request with OpenAI's `prompt_cache_key` is routed by that key instead of its text (`affinity_keys`): one
+key per model, so every request of a conversation or tenant that shares the key meets the same replica's cache.
 """
 
 from __future__ import annotations
@@ -21,16 +24,34 @@ MAX_CHUNKS = 512
 DECISIONS: Counter = Counter()  # decision -> requests the router sent (affinity, new_prefix, overloaded, no_prefix)
 
 
-def prompt_text(path: str, body: bytes) -> str | None:
-    """The text a request's KV cache starts with (chat messages flattened in order), keyed by the model or adapter
-    it asks for; None for routes without a prompt or a body that is not a JSON object."""
+def _json_body(path: str, body: bytes) -> dict | None:
     if path not in INFERENCE_PATHS or not body:
         return None
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def affinity_keys(path: str, body: bytes, chunk_chars: int) -> tuple[str, ...]:
+    """What the router matches replicas by: the request's prompt_cache_key (one key, per model) when it sends one,
+    else its prompt's chunk hashes."""
+    data = _json_body(path, body) or {}
+    key = data.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return (hashlib.blake2b(f"key|{data.get('model') or ''}\0{key}".encode(), digest_size=8).hexdigest(),)
+    return chunk_hashes(_text(path, data), chunk_chars)
+
+
+def prompt_text(path: str, body: bytes) -> str | None:
+    """The text a request's KV cache starts with (chat messages flattened in order), keyed by the model or adapter
+    it asks for; None for routes without a prompt or a body that is not a JSON object."""
+    return _text(path, _json_body(path, body))
+
+
+def _text(path: str, data: dict | None) -> str | None:
+    if not data:
         return None
     if path == "/v1/chat/completions":
         messages = data.get("messages")

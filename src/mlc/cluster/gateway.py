@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from mlc.cluster.affinity import chunk_hashes, prompt_text
+from mlc.cluster.affinity import affinity_keys
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart
 from mlc.cluster.metrics_merge import gauge, merge
 from mlc.cluster.replica import REPLICA_APP, REPLICA_DEPLOYMENT
@@ -59,7 +59,7 @@ class Gateway:
             message = body_limit_message(MAX_BODY_BYTES)
             return JSONResponse(error_body(message, "invalid_request_error", "body", "body_too_large"), 413,
                                 headers={"Connection": "close"})
-        affinity = chunk_hashes(prompt_text(request.url.path, body), self.chunk_chars)
+        affinity = affinity_keys(request.url.path, body, self.chunk_chars)
         return await self._forward(ForwardedRequest.from_scope(request.scope, body, affinity))
 
     async def _forward(self, fwd: ForwardedRequest) -> Response:

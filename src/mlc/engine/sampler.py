@@ -1,11 +1,11 @@
 """Turns next-token logits into tokens, each row with its own parameters and its own random generator.
 
-Order: penalties (repetition over prompt+output, presence/frequency over output), min_new_tokens (EOS barred),
-then greedy argmax, or temperature -> top-k -> top-p -> min-p -> a draw from the row's generator. A seeded request
-draws from a generator seeded by (seed + sample index), so its output does not depend on what it is batched with.
-Rows of requests with a grammar (structured outputs) then lose every token their sequence's matcher forbids
-(`engine/grammar.py`; the sampler only reads matchers, the scheduler moves them on); a batch without one never
-reaches that code. Reported logprobs are those of the model's distribution before any
+Order: penalties (repetition over prompt+output, presence/frequency over output), logit_bias (added to the rows
+that have one), min_new_tokens (EOS barred), then greedy argmax, or temperature -> top-k -> top-p -> min-p -> a draw
+from the row's generator. A seeded request draws from a generator seeded by (seed + sample index), so its output does
+not depend on what it is batched with. Rows of requests with a grammar (structured outputs) then lose every token
+their sequence's matcher forbids (`engine/grammar.py`; the sampler only reads matchers, the scheduler moves them on);
+a batch without one never reaches that code. Reported logprobs are those of the model's distribution before any
 processing.
 """
 
@@ -15,6 +15,7 @@ import torch
 
 from mlc.engine.grammar import GrammarMasks, GuidedRow
 from mlc.engine.isolate import one_by_one
+from mlc.engine.sampling_params import MAX_BIAS
 from mlc.engine.sequence import Sequence, TokenLogprob
 
 
@@ -63,7 +64,7 @@ class Sampler:
         p = s.params
         return (
             p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-            or len(s.output_ids) < p.min_new_tokens
+            or bool(p.logit_bias) or len(s.output_ids) < p.min_new_tokens
         )
 
     def _penalize(self, row: torch.Tensor, s: Sequence) -> None:
@@ -75,6 +76,10 @@ class Sampler:
         if (p.presence_penalty or p.frequency_penalty) and s.output_ids:
             counts = torch.bincount(torch.tensor(s.output_ids), minlength=row.shape[0]).to(row.dtype)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+        if p.logit_bias:  # -100 (OpenAI's "ban") is applied as -inf, so a sampled row cannot draw the token either
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+            bias = torch.tensor(list(p.logit_bias.values()), dtype=row.dtype)
+            row.index_add_(0, ids, bias.masked_fill(bias <= -MAX_BIAS, float("-inf")))
         if len(s.output_ids) < p.min_new_tokens:
             barred = (self.eos_token_ids | set(p.stop_token_ids)) - {None}
             if barred:

@@ -7,6 +7,8 @@ from dataclasses import InitVar, dataclass, field
 from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError
 
+MAX_BIAS = 100.0  # OpenAI's bound on a logit_bias value
+
 
 @dataclass
 class SamplingParams:
@@ -32,6 +34,7 @@ class SamplingParams:
     prediction: list[int] | None = None  # tokens the output is expected to repeat (OpenAI's predicted outputs):
     # drafted from by prompt lookup; the output is the same with or without them
     grammar: GrammarSpec | None = None  # structured outputs: what the tokens must follow (compiled by the engine)
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling (-100 bans it)
     max_tokens: InitVar[int | None] = None  # vLLM's and OpenAI's name for max_new_tokens (read back as .max_tokens)
 
     def __post_init__(self, max_tokens: int | None = None) -> None:
@@ -66,6 +69,8 @@ class SamplingParams:
             ("logprobs", self.logprobs is None or 0 <= self.logprobs <= 20, "must be from 0 to 20"),
             ("min_new_tokens", 0 <= self.min_new_tokens <= self.max_new_tokens, "must be in [0, max_new_tokens]"),
             ("stop", len(self.stop) <= 16, "allows at most 16 stop strings"),
+            ("logit_bias", all(-MAX_BIAS <= b <= MAX_BIAS for b in (self.logit_bias or {}).values()),
+             f"biases must be from -{MAX_BIAS:g} to {MAX_BIAS:g}"),
         ]
         for name, ok, why in checks:
             if not ok:

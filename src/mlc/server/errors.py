@@ -72,7 +72,7 @@ def _field_path(loc: tuple) -> str | None:
 
 def _allowed_fields(request: Request) -> list[str]:
     route = request.scope.get("route")
-    body = getattr(getattr(route, "body_field", None), "type_", None)
+    body = getattr(getattr(getattr(route, "body_field", None), "field_info", None), "annotation", None)
     return sorted(getattr(body, "model_fields", {}) or {})
 
 

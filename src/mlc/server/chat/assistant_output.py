@@ -24,12 +24,15 @@ class Reply:
     content: str | None
     reasoning: str | None
     calls: list[dict] = field(default_factory=list)  # {id, type, function: {name, arguments}}
+    function_call: dict | None = None  # {name, arguments}: the one call of a legacy (functions) request
 
 
 class AssistantOutput:
-    def __init__(self, reasoning: ReasoningSplitter | None = None, tools: ToolParser | None = None):
+    def __init__(self, reasoning: ReasoningSplitter | None = None, tools: ToolParser | None = None,
+                 legacy: bool = False):
         self.reasoning = reasoning
         self.tools = tools
+        self.legacy = legacy  # OpenAI's deprecated functions: the first call as {"function_call"}, no more
         self.calls = 0
         self._pending_space = ""  # whitespace-only content, shown only if text (not a call) follows
         self._after_call = False
@@ -67,6 +70,11 @@ class AssistantOutput:
         for event in events:
             if isinstance(event, ParsedCall):
                 self._pending_space, self._after_call = "", True
+                if self.legacy:
+                    if not self.calls:
+                        out.append({"function_call": {"name": event.name, "arguments": event.arguments}})
+                    self.calls += 1
+                    continue
                 call = {"index": self.calls, "id": new_call_id(), "type": "function",
                         "function": {"name": event.name, "arguments": event.arguments}}
                 self.calls += 1
@@ -104,9 +112,13 @@ def assemble(deltas: list[dict]) -> Reply:
     content = "".join(d.get("content", "") for d in deltas)
     reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
     calls = [{k: v for k, v in c.items() if k != "index"} for d in deltas for c in d.get("tool_calls", [])]
-    return Reply(None if calls and not content.strip() else content, reasoning or None, calls)
+    legacy = next((d["function_call"] for d in deltas if "function_call" in d), None)
+    called = bool(calls) or legacy is not None
+    return Reply(None if called and not content.strip() else content, reasoning or None, calls, legacy)
 
 
-def finish_reason(reason: str | None, made_calls: bool) -> str | None:
-    """OpenAI's "tool_calls" for a reply that stopped after calling tools."""
-    return "tool_calls" if made_calls and reason == "stop" else reason
+def finish_reason(reason: str | None, made_calls: bool, legacy: bool = False) -> str | None:
+    """OpenAI's "tool_calls" ("function_call" for the legacy functions) for a reply that stopped after calls."""
+    if made_calls and reason == "stop":
+        return "function_call" if legacy else "tool_calls"
+    return reason

@@ -8,9 +8,10 @@ from mlc.errors import InvalidRequestError, UnsupportedFeatureError
 from mlc.server.chat.tools import ToolSetup, call_arguments, for_template
 from mlc.server.prompting import Prompt, check_chars
 from mlc.server.protocol.schemas import ChatMessage
+from mlc.server.protocol.schemas_agent import ToolCallIn
 from mlc.server.state import ServerState, loaded_engine
 
-ROLE_ALIASES = {"developer": "system"}  # OpenAI's newer name for the system role
+ROLE_ALIASES = {"developer": "system", "function": "tool"}  # OpenAI's newer name; its legacy tool result
 
 
 def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list[dict], int]:
@@ -21,25 +22,34 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
     for i, m in enumerate(messages):
         field = f"messages[{i}].content"
         entry: dict = {"role": ROLE_ALIASES.get(m.role, m.role)}
-        if m.tool_calls and m.role != "assistant":
-            raise InvalidRequestError(f"messages[{i}].tool_calls: only assistant messages hold tool calls",
-                                      field=f"messages[{i}].tool_calls")
-        if m.tool_calls:
-            entry["tool_calls"] = _calls(m, i, calls)
-        if m.role == "tool":
+        calls_in = m.calls
+        if calls_in and m.role != "assistant":
+            kind = "tool_calls" if m.tool_calls else "function_call"
+            raise InvalidRequestError(f"messages[{i}].{kind}: only assistant messages hold tool calls",
+                                      field=f"messages[{i}].{kind}")
+        if calls_in:
+            entry["tool_calls"] = _calls(calls_in, i, calls)
+        if m.role in ("tool", "function"):
             entry.update(_tool_result(m, i, calls))
         if m.reasoning_content is not None and m.role == "assistant":
             entry["reasoning_content"] = m.reasoning_content
-        if m.content is None:
-            if m.tool_calls:
+        content = m.content if m.content is not None else {"assistant": m.refusal, "function": ""}.get(m.role)
+        if content is None:
+            if calls_in:
                 out.append({**entry, "content": None})
                 continue
             raise InvalidRequestError(f"{field} is missing; every message needs text content", field=field)
-        if isinstance(m.content, str):
-            text = m.content
+        if isinstance(content, str):
+            text = content
         else:
             parts: list[str] = []
-            for j, part in enumerate(m.content):
+            for j, part in enumerate(content):
+                if part.type == "refusal":  # an assistant's earlier refusal: what it said
+                    if part.refusal is None:
+                        raise InvalidRequestError(f"{field}[{j}].refusal is missing; a refusal part needs its text",
+                                                  field=f"{field}[{j}].refusal")
+                    parts.append(part.refusal)
+                    continue
                 if part.type != "text":
                     raise UnsupportedFeatureError(
                         f"content part type {part.type!r} is not supported; this model reads text parts only",
@@ -56,9 +66,9 @@ def chat_messages(state: ServerState, messages: list[ChatMessage]) -> tuple[list
     return out, stripped
 
 
-def _calls(m: ChatMessage, i: int, seen: dict[str, str]) -> list[dict]:
+def _calls(calls: list[ToolCallIn], i: int, seen: dict[str, str]) -> list[dict]:
     out = []
-    for j, call in enumerate(m.tool_calls or []):
+    for j, call in enumerate(calls):
         field = f"messages[{i}].tool_calls[{j}].function.arguments"
         cid = call.id or f"call_{i}_{j}"
         seen[cid] = call.function.name

@@ -13,9 +13,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from mlc.errors import InvalidRequestError
+from mlc.errors import InvalidRequestError, UnsupportedFeatureError
 from mlc.server.chat.tool_parsers import PARSER_NAMES, ToolParser, make_parser
-from mlc.server.protocol.schemas_agent import NamedToolChoice, ToolDef
+from mlc.server.protocol.schemas_agent import (
+    AllowedToolsChoice,
+    FunctionDef,
+    NamedCustomChoice,
+    NamedFunction,
+    NamedToolChoice,
+    ToolDef,
+)
+from mlc.server.protocol.schemas_openai import FunctionName
 
 GENERIC_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -89,6 +97,41 @@ def _check_schema(schema: dict, field_name: str) -> None:
                                   "always a JSON object", field=field_name)
 
 
+@dataclass
+class RequestedTools:
+    tools: list[ToolDef] | None
+    choice: str | NamedToolChoice | None
+    parallel: bool | None
+    legacy: bool  # asked with OpenAI's deprecated functions / function_call: answered in that shape
+
+
+def requested_tools(tools: list[ToolDef] | None, choice, parallel: bool | None, functions: list[FunctionDef] | None,
+                    function_call) -> RequestedTools:
+    """A request's tools as one list and one choice: the legacy `functions` / `function_call` become function tools
+    and their tool_choice (one call at most, as that API returns one), and an `allowed_tools` choice narrows the
+    tools to those it names."""
+    if functions is not None or function_call is not None:
+        if tools is not None or choice is not None:
+            raise InvalidRequestError("functions / function_call cannot combine with tools / tool_choice; send "
+                                      "tools only (functions is their deprecated form)", field="functions")
+        if isinstance(function_call, FunctionName):
+            function_call = NamedToolChoice(type="function", function=NamedFunction(name=function_call.name))
+        defs = [ToolDef(type="function", function=f) for f in functions or []]
+        return RequestedTools(defs or None, function_call, False, True)
+    if isinstance(choice, NamedCustomChoice):
+        raise UnsupportedFeatureError("tool_choice: custom tools (free-form input) are not supported; name a function "
+                                      "tool", field="tool_choice")
+    if isinstance(choice, AllowedToolsChoice):
+        names = {t.get("function", {}).get("name") for t in choice.allowed_tools.tools if isinstance(t.get("function"),
+                                                                                                 dict)}
+        tools = [t for t in tools or [] if t.function is not None and t.function.name in names] or None
+        if tools is None:
+            raise InvalidRequestError("tool_choice.allowed_tools.tools names none of the request's function tools",
+                                      field="tool_choice.allowed_tools.tools")
+        choice = choice.allowed_tools.mode
+    return RequestedTools(tools, choice, parallel, False)
+
+
 def setup_tools(tools: list[ToolDef] | None, choice, parallel: bool | None, template: str | None,
                 override: str | None) -> ToolSetup | None:
     """The request's tools, checked (400s name the field), or None when it has none."""
@@ -99,6 +142,12 @@ def setup_tools(tools: list[ToolDef] | None, choice, parallel: bool | None, temp
         return None
     schemas: dict[str, dict] = {}
     for i, tool in enumerate(tools):
+        if tool.type == "custom":
+            raise UnsupportedFeatureError(f"tools[{i}]: custom tools (free-form input) are not supported; declare a "
+                                          "function tool with a JSON Schema of its arguments", field=f"tools[{i}]")
+        if tool.function is None:
+            raise InvalidRequestError(f"tools[{i}].function is missing; a function tool needs its name and "
+                                      "parameters", field=f"tools[{i}].function")
         name = tool.function.name
         if name in schemas:
             raise InvalidRequestError(f"tools[{i}].function.name {name!r} is given twice; function names must be "

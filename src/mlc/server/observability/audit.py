@@ -38,6 +38,9 @@ class AuditInfo:
     prompt: str | list | None = None
     output: str | list | None = None
     disconnected: bool = False
+    user: str | None = None  # OpenAI's tenant fields, as the request gave them (per-tenant accounting)
+    safety_identifier: str | None = None
+    service_tier: str | None = None
 
 
 def audit_info(scope: Scope) -> AuditInfo:
@@ -89,6 +92,8 @@ def build_record(scope: Scope, status: int, latency_s: float, info: AuditInfo, m
         "latency_ms": round(latency_s * 1000, 2),
         "stripped_chars": info.stripped_chars,
     }
+    record.update({k: v for k, v in (("user", info.user), ("safety_identifier", info.safety_identifier),
+                                     ("service_tier", info.service_tier)) if v is not None})
     if include_content:
         record["prompt"] = info.prompt
         record["output"] = info.output

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from mlc.server.protocol.schemas_agent import StructuredFields, ToolCallIn, ToolCallOut, ToolChoice, ToolDef
+from mlc.server.protocol.schemas_agent import (
+    FunctionCallIn,
+    FunctionCallOut,
+    StructuredFields,
+    ToolCallIn,
+    ToolCallOut,
+    ToolChoice,
+    ToolDef,
+)
+from mlc.server.protocol.schemas_openai import NULL, LogitBias, NullableFields, OpenAIServiceFields
 
 MAX_PROMPT_CHARS = 1_000_000
 MAX_SEED = 2**63 - 1
@@ -34,7 +43,9 @@ StopField = Annotated[
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 is greedy decoding.")]
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-Seed = Annotated[int | None, Field(None, ge=0, le=MAX_SEED, description="Same seed, same request: same output.")]
+Seed = Annotated[int | None, Field(None, ge=1 - 2**64, le=2**64 - 1, description=(
+    "Same seed, same request: same output. Any 64-bit integer, taken modulo 2**63.")),
+    AfterValidator(lambda v: None if v is None else v % (MAX_SEED + 1))]
 ContextLength = Annotated[int | None, Field(
     None, ge=1, le=MAX_TOKENS, description="mlc: bound prompt + completion to this many tokens (at most the server's "
     "limit). Not together with context_profile.")]
@@ -67,8 +78,9 @@ class Usage(BaseModel):
 FullKV = Annotated[bool, Field(description="mlc: keep this request's whole KV cache when the server runs sparse KV.")]
 
 
-class StreamOptions(Strict):
-    include_usage: bool = False
+class StreamOptions(NullableFields):
+    include_usage: Annotated[bool, NULL] = False
+    include_obfuscation: bool | None = Field(None, description="Accepted and ignored (no obfuscation padding).")
 
 
 class EngineExtensions(Strict):
@@ -132,21 +144,22 @@ class GenerateEvent(BaseModel):
 
 
 # OpenAI-compatible
-class OpenAIRequest(EngineExtensions):
+class OpenAIRequest(EngineExtensions, NullableFields):
+    """Fields of OpenAI's spec that OpenAI allows to be null are NULL here: null means the default."""
+
     model: str | None = Field(None, description="The served model id (see /v1/models); default: that one.")
-    temperature: Temperature = 1.0
-    top_p: TopP = 1.0
-    n: int = Field(1, ge=1, le=64)
-    stream: bool = False
+    temperature: Annotated[Temperature, NULL] = 1.0
+    top_p: Annotated[float, Field(ge=0.0, le=1.0, description="0 keeps only the most likely token (greedy)."),
+                     NULL] = 1.0
+    n: Annotated[int, Field(ge=1, le=64, description="At most 64."), NULL] = 1
+    stream: Annotated[bool, NULL] = False
     stream_options: StreamOptions | None = None
     stop: StopField
-    presence_penalty: Penalty = 0.0
-    frequency_penalty: Penalty = 0.0
+    presence_penalty: Annotated[Penalty, NULL] = 0.0
+    frequency_penalty: Annotated[Penalty, NULL] = 0.0
     seed: Seed
-    logit_bias: Annotated[dict[str, float] | None, only(
-        {"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]},
-        "Not supported; only null or {} is accepted.")] = None
-    user: str | None = Field(None, max_length=256)
+    logit_bias: LogitBias
+    user: str | None = Field(None, max_length=256, description="Recorded in the audit log.")
 
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
@@ -172,24 +185,28 @@ class CompletionRequest(OpenAIRequest, StructuredFields):
     logprobs: int | None = Field(None, ge=0, le=20, description=(
         "With echo, the prompt tokens' logprobs come first (the first token has none); their top_logprobs hold "
         "the prompt token only, as the engine scores the given token."))
-    echo: bool = False
+    echo: Annotated[bool, NULL] = False
     best_of: int | None = Field(None, ge=1, le=64, description="Only best_of == n is supported.")
     suffix: Annotated[str | None, only({"type": "null"}, "Not supported; only null is accepted.")] = None
 
 
 class ContentPart(Strict):
-    model_config = ConfigDict(json_schema_extra={"required": ["type", "text"]})
+    model_config = ConfigDict(json_schema_extra={"required": ["type"]})
 
-    type: Annotated[str, only({"const": "text"}, "Only text parts: this model reads text.")]
+    type: Annotated[str, only({"enum": ["text", "refusal"]}, "Text parts (an assistant's refusal too): this model "
+                                                                "reads text.")]
     text: Annotated[str | None, WithJsonSchema({"type": "string", "maxLength": MAX_PROMPT_CHARS})] = Field(
         None, max_length=MAX_PROMPT_CHARS)
+    refusal: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    prompt_cache_breakpoint: dict[str, Any] | None = None
     image_url: Any = None
     input_audio: Any = None
     file: Any = None
 
 
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"] = Field(description=(
+        "function: OpenAI's deprecated tool result (a tool message with the function's name)."))
     content: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | list[ContentPart] | None = Field(None, description=(
         "Text, or parts of type text; only an assistant message with tool_calls may go without. Some message needs "
         "text, and the last user message must not be empty."))
@@ -199,9 +216,21 @@ class ChatMessage(Strict):
         "For role tool: the id of the call this answers (one of an earlier assistant message's tool_calls)."))
     reasoning_content: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description=(
         "An assistant's earlier reasoning, for templates that show it (GLM-4.5+ keep it after the last user turn)."))
+    refusal: str | None = Field(None, max_length=MAX_PROMPT_CHARS, description=(
+        "An assistant's earlier refusal: its text, where content is null."))
+    function_call: FunctionCallIn | None = Field(None, description="An assistant's earlier legacy call (one).")
+    annotations: list[Any] | None = Field(None, description="Accepted and ignored (OpenAI's url citations).")
+    audio: dict[str, Any] | None = Field(None, description="Accepted and ignored (an earlier audio reply's id).")
+
+    @property
+    def calls(self) -> list[ToolCallIn] | None:
+        """tool_calls, or the legacy function_call as the one call."""
+        if self.tool_calls or self.function_call is None:
+            return self.tool_calls
+        return [ToolCallIn(function=self.function_call)]
 
 
-class ChatCompletionRequest(OpenAIRequest, StructuredFields):
+class ChatCompletionRequest(OpenAIRequest, StructuredFields, OpenAIServiceFields):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "Say hello in French."}], "max_tokens": 8},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
@@ -212,7 +241,7 @@ class ChatCompletionRequest(OpenAIRequest, StructuredFields):
         "Deprecated by OpenAI: send max_completion_tokens. If both are given they must be equal."))
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description=(
         "Prompt + completion must fit the context."))
-    logprobs: bool = False
+    logprobs: Annotated[bool, NULL] = False
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Needs logprobs: true.")
     tools: list[ToolDef] | None = Field(None, max_length=128, description=(
         "Functions the model may call; rendered by the model's chat template (or, for a template that knows no "
@@ -259,13 +288,17 @@ class TokenLogprobOut(TopLogprob):
 
 class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprobOut] | None = None
+    refusal: None = None
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    refusal: None = None
     reasoning_content: str | None = Field(None, description="The model's reasoning (GLM-4.5+ <think>), apart.")
-    tool_calls: list[ToolCallOut] | None = None
+    tool_calls: list[ToolCallOut] | None = Field(None, exclude_if=lambda v: v is None)
+    function_call: FunctionCallOut | None = Field(None, exclude_if=lambda v: v is None, description=(
+        "The call, for a request with the legacy functions (then tool_calls is absent)."))
 
 
 class ChatChoice(BaseModel):
@@ -291,6 +324,7 @@ class ChatDelta(BaseModel):
     reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = Field(None, description=(
         "Each {index, id, type, function: {name, arguments}}: a call is sent whole once it has parsed."))
+    function_call: dict[str, Any] | None = Field(None, description="{name, arguments}: the legacy functions' call.")
 
 
 class ChatChunkChoice(BaseModel):
@@ -321,45 +355,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-# tokenize
-class TokenizeRequest(Strict):
-    model_config = ConfigDict(json_schema_extra={
-        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
-        "examples": [{"prompt": "Hello world", "return_token_strs": True},
-                     {"messages": [{"role": "user", "content": "Hi"}]}]})
-
-    model: str | None = None
-    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS,
-                               description="Give prompt or messages, not both.")
-    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=1024,
-                                               description="Give prompt or messages, not both.")
-    add_special_tokens: bool = Field(True, description="For prompt: add the tokenizer's BOS etc.")
-    add_generation_prompt: bool = Field(True, description="For messages: end with the assistant header.")
-    return_token_strs: bool = False
-
-
-class TokenizeResponse(BaseModel):
-    tokens: list[int]
-    count: int
-    max_model_len: int
-    token_strs: list[str] | None = None
-    stripped_chars: int = 0
-
-
-class DetokenizeRequest(Strict):
-    model_config = ConfigDict(json_schema_extra={"examples": [{"tokens": [19556, 905]}]})
-
-    model: str | None = None
-    tokens: list[TokenId] = Field(max_length=1_000_000)
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str
-
-
-# health
-class HealthResponse(BaseModel):
-    status: Literal["loading", "healthy", "ready", "alive", "draining", "error"]
-    message: str | None = None

@@ -25,8 +25,9 @@ class FunctionDef(Strict):
 
 
 class ToolDef(Strict):
-    type: Literal["function"]
-    function: FunctionDef
+    type: Literal["function", "custom"] = Field(description="custom (free-form input) tools are a 400.")
+    function: FunctionDef | None = Field(None, description="Required with type function.")
+    custom: dict[str, Any] | None = None
 
 
 class NamedFunction(Strict):
@@ -38,9 +39,28 @@ class NamedToolChoice(Strict):
     function: NamedFunction
 
 
-ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, Field(None, description=(
-    "none, auto (the default with tools), required (at least one call) or {\"type\": \"function\", \"function\": "
-    "{\"name\": ...}}. required and a named function are enforced by constrained decoding, so the call parses."))]
+class AllowedTools(Strict):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]] = Field(max_length=128, description="{\"type\": \"function\", \"function\": "
+                                        "{\"name\": ...}} for each allowed tool.")
+
+
+class AllowedToolsChoice(Strict):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+class NamedCustomChoice(Strict):
+    type: Literal["custom"]
+    custom: NamedFunction
+
+
+ToolChoice = Annotated[
+    Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | NamedCustomChoice | None,
+    Field(None, description=(
+        "none, auto (the default with tools), required (at least one call), {\"type\": \"function\", \"function\": "
+        "{\"name\": ...}} or {\"type\": \"allowed_tools\", ...} (only those tools, auto or required). required and a "
+        "named function are enforced by constrained decoding, so the call parses. A custom tool is a 400."))]
 
 
 class FunctionCallIn(Strict):

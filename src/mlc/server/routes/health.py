@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from mlc.server.protocol.schemas import HealthResponse
+from mlc.server.protocol.schemas_tokenize import HealthResponse
 from mlc.server.run_request import get_state
 from mlc.server.state import DRAINING, ERROR, HEALTHY, LOADING
 

@@ -149,7 +149,7 @@ class ChatStream:
             deltas = deltas or [{"content": ""} if lps else {}]
             logprobs = chat_logprobs(lps, self.tt).model_dump() if self.logprobs and lps else None
             self.finished[i] = self.finished[i] or new_finish
-            reason = finish_reason(o.finish_reason, reader.calls > 0)
+            reason = finish_reason(o.finish_reason, reader.calls > 0, reader.legacy)
             for k, delta in enumerate(deltas):
                 last = k == len(deltas) - 1
                 chunks.append(self._chunk({"index": i, "delta": delta, "logprobs": logprobs if k == 0 else None,

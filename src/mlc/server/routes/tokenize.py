@@ -15,7 +15,12 @@ from mlc.server.input_policy import STRIPPED_HEADER
 from mlc.server.observability.audit import audit_info
 from mlc.server.prompting import encode, from_ids, off_loop
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES
-from mlc.server.protocol.schemas import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from mlc.server.protocol.schemas_tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from mlc.server.state import loaded_engine, loaded_token_text
 
 router = APIRouter(tags=["tokenizer"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
