@@ -29,6 +29,13 @@ class CountTokensRequest(Strict):
     thinking: dict[str, Any] | None = Field(None, description=(
         "{type: disabled} turns GLM thinking off (enable_thinking: false); enabled keeps the template's default."))
     mcp_servers: Any = Field(None, description="Not supported (only null).")
+    output_config: dict[str, Any] | None = Field(None, description=(
+        "{format: {type: json_schema, schema}} is enforced by constrained decoding; effort is accepted and ignored."))
+    output_format: dict[str, Any] | None = Field(None, description="The older name of output_config.format.")
+    cache_control: Any = Field(None, description="Accepted and ignored: the prefix cache is automatic.")
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -42,6 +49,8 @@ class MessagesRequest(CountTokensRequest):
     service_tier: str | None = None
     container: Any = Field(None, description="Not supported (only null).")
     context_management: Any = None
+    diagnostics: Any = None
+    inference_geo: str | None = None
 
 
 class MessageUsage(BaseModel):
@@ -178,6 +187,16 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
                               field="tool_choice.type")
 
 
+def response_format(body: CountTokensRequest) -> dict | None:
+    fmt = (body.output_config or {}).get("format") or body.output_format
+    if fmt is None:
+        return None
+    if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise InvalidRequestError('output_config.format must be {"type": "json_schema", "schema": {...}}',
+                                  field="output_config.format")
+    return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
+
+
 def chat_fields(body: CountTokensRequest) -> dict[str, Any]:
     """The chat completion request (as a dict for ChatCompletionRequest) that runs `body`."""
     if body.mcp_servers is not None:
@@ -187,7 +206,8 @@ def chat_fields(body: CountTokensRequest) -> dict[str, Any]:
     messages = ([{"role": "system", "content": system}] if system else []) + chat_messages(body.messages)
     choice, parallel = chat_tool_choice(body.tool_choice)
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "tools": chat_tools(body.tools),
-                              "tool_choice": choice, "parallel_tool_calls": parallel}
+                              "tool_choice": choice, "parallel_tool_calls": parallel,
+                              "response_format": response_format(body)}
     if (body.thinking or {}).get("type") == "disabled":
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     if isinstance(body, MessagesRequest):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from mlc.server.protocol.schemas import MAX_PROMPT_CHARS, MAX_TOKENS, Strict, Temperature, TopP
 
-InputField = Field(description=(
+InputField = Field(None, description=(
     "A string (one user message) or a list of items: messages {role, content} (content a string or input_text / "
     "output_text parts), function_call {call_id, name, arguments}, function_call_output {call_id, output} and "
     "reasoning items from an earlier response."))

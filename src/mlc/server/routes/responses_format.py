@@ -189,8 +189,9 @@ class ResponsesStream:
                                usage(len(last.prompt_token_ids), last.num_generated_tokens))
         if self.on_done is not None:
             self.on_done(resp, assemble(self.deltas))
-        kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
-        return events + [self._event(kind, response=resp)]
+        # response.completed even when the response is incomplete (max_output_tokens): the openai client's stream
+        # helper and the Agents SDK wait for that event, and its response's status says which (as vLLM does)
+        return events + [self._event("response.completed", response=resp)]
 
     def failed(self, message: str, code: str, param: str | None) -> list[dict]:
         return [self._event("error", code=code, message=message, param=param)]
