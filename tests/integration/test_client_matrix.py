@@ -8,40 +8,38 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import jsonschema
-import openai
 import pytest
 
-from tests.support.agent_cases import ASK, PERSON, TOOLS, WEATHER, assemble_stream, check_calls
+from tests.support.agent_cases import (
+    ASK,
+    CLAUDE_TOOL,
+    PERSON,
+    SLOW_LOAD_S,
+    TOOLS,
+    WEATHER,
+    assemble_stream,
+    check_calls,
+    sdk_clients,
+)
 from tests.support.server_process import MODEL, ServerProcess
 
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France? Answer in one word."
 FACT = "Paris"
-CLAUDE_TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
-               "input_schema": WEATHER["function"]["parameters"]}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("matrix"), [])
-    try:
-        srv.wait_healthy(timeout=400)  # the model loads slowly on a busy shared CPU
+    with ServerProcess(tmp_path_factory.mktemp("matrix"), [], load_timeout=SLOW_LOAD_S) as srv:
         yield srv
-    finally:
-        srv.terminate()
 
 
 @pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=180)
+def clients(server):
+    return sdk_clients(server.url)
 
-
-@pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=180)
 
 
 @pytest.fixture(scope="module")

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from tests.support.agent_cases import PERSON, WEATHER
+from tests.support.agent_cases import CLAUDE_TOOL, PERSON, SLOW_LOAD_S, WEATHER, sdk_clients
 from tests.support.server_process import MODEL, ServerProcess, metric
 
 KEY = "sk-agent-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TOOL = {"type": "function", **WEATHER["function"]}
-CLAUDE_TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
-               "input_schema": WEATHER["function"]["parameters"]}
 ASK = "What's the weather in Paris for the next 3 days?"
 GREEDY = {"temperature": 0}
 CLAUDE_GREEDY = {"extra_body": GREEDY}  # anthropic's client no longer has temperature; the server still takes it
@@ -28,22 +25,14 @@ CLAUDE_GREEDY = {"extra_body": GREEDY}  # anthropic's client no longer has tempe
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("agent-apis"), ["--api-key", KEY])
-    try:
-        srv.wait_healthy(timeout=400)  # the model loads slowly on a busy shared CPU
+    with ServerProcess(tmp_path_factory.mktemp("agent-apis"), ["--api-key", KEY], load_timeout=SLOW_LOAD_S) as srv:
         yield srv
-    finally:
-        srv.terminate()
 
 
 @pytest.fixture(scope="module")
-def oai(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+def clients(server):
+    return sdk_clients(server.url, KEY)
 
-
-@pytest.fixture(scope="module")
-def claude(server):
-    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
 
 
 def chat_text(oai, messages: list[dict], max_tokens: int) -> str:

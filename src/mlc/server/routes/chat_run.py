@@ -6,12 +6,15 @@ reply back."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
+from fastapi.responses import Response
 from pydantic import ValidationError
 
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
+from mlc.server.chat.assistant_output import Reply
 from mlc.server.chat.request import ChatPlan, plan_chat
 from mlc.server.errors import describe_validation_error
 from mlc.server.generation import Generation
@@ -19,6 +22,9 @@ from mlc.server.prompting import off_loop
 from mlc.server.protocol.schemas import ChatCompletionRequest
 from mlc.server.routes.openai_api import _begin, _chat_checks, _limits, _params
 from mlc.server.state import ServerState
+
+if TYPE_CHECKING:
+    from mlc.engine.outputs import CompletionOutput, RequestOutput
 
 
 @dataclass
@@ -63,3 +69,13 @@ async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: s
         info.prompt = [m.model_dump(exclude_none=True) for m in body.messages]
     (gen,) = await rr.start(state, rid, [(plan.prompt.ids, params)], adapter_id)
     return ChatRun(state, rid, model_name, plan, gen, rr.headers_for(rid, plan.prompt.stripped))
+
+
+async def run_reply(request: Request, run: ChatRun) -> tuple[RequestOutput, CompletionOutput, Reply] | Response:
+    """Run to the end and read the reply as the chat route reads it; a Response (499) if the client left."""
+    outs = await rr.run_to_end(request, [run.gen])
+    if not isinstance(outs, list):
+        return outs
+    (out,) = outs
+    (o,) = out.outputs
+    return out, o, run.plan.output().reply(o.text)

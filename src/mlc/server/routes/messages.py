@@ -24,7 +24,7 @@ from mlc.server.protocol.anthropic import (
 )
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.protocol.streaming import sse_event
-from mlc.server.routes.chat_run import ChatRun, as_chat, plan_only, start_chat
+from mlc.server.routes.chat_run import ChatRun, as_chat, plan_only, run_reply, start_chat
 from mlc.server.routes.messages_format import (
     MessagesStream,
     content_blocks,
@@ -66,12 +66,10 @@ async def create_message(body: MessagesRequest, request: Request):
         opening = fmt.start(len(run.gen.prompt_ids))
         return await rr.stream(request, run.gen, fmt.chunks, fmt.final, run.headers, opening=opening,
                                frame=sse_event, end="", failed=lambda e: fmt.failed(e.http_status, e.message))
-    outs = await rr.run_to_end(request, [run.gen])
-    if not isinstance(outs, list):
-        return outs
-    (out,) = outs
-    (o,) = out.outputs
-    reply = run.plan.output().reply(o.text)
+    ran = await run_reply(request, run)
+    if not isinstance(ran, tuple):
+        return ran
+    out, o, reply = ran
     stop = matched(o)
     message = message_object(run.rid, run.model, content_blocks(reply), stop_reason(o.finish_reason,
                              bool(reply.calls), stop), stop, usage(len(out.prompt_token_ids), len(o.token_ids)))

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 
 from mlc.server.chat.assistant_output import AssistantOutput, Reply
+from mlc.server.routes.reply_stream import ReplyStream
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
@@ -49,14 +50,15 @@ def message_object(mid: str, model: str, content: list[dict], reason: str | None
             "stop_reason": reason, "stop_sequence": stop_sequence, "usage": usage_}
 
 
-class MessagesStream:
+class MessagesStream(ReplyStream):
     """message_start and a ping, then each block as start / deltas / stop (a block opens with its first delta and
     closes when another kind begins), then message_delta (stop_reason, output tokens) and message_stop."""
 
     def __init__(self, mid: str, model: str, reader: AssistantOutput, matched_stop: Callable[[object], str | None]):
-        self.mid, self.model, self.reader, self.matched_stop = mid, model, reader, matched_stop
+        super().__init__(reader)
+        self.mid, self.model, self.matched_stop = mid, model, matched_stop
         self.blocks = 0
-        self.open: str | None = None  # "text" or "thinking"
+        self.open: str | None = None  # the block receiving deltas: reasoning (thinking) or content (text)
         self.calls = 0
 
     def start(self, prompt_tokens: int) -> list[dict]:
@@ -70,19 +72,19 @@ class MessagesStream:
         self.blocks += 1
         return [{"type": "content_block_stop", "index": self.blocks - 1}]
 
-    def _text(self, kind: str, piece: str) -> list[dict]:
+    def text(self, kind: str, piece: str) -> list[dict]:
         events = []
         if self.open != kind:
             events = self._close()
-            start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+            start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "reasoning" else \
                 {"type": "text", "text": ""}
             events.append({"type": "content_block_start", "index": self.blocks, "content_block": start})
             self.open = kind
-        delta = {"type": "thinking_delta", "thinking": piece} if kind == "thinking" else \
+        delta = {"type": "thinking_delta", "thinking": piece} if kind == "reasoning" else \
             {"type": "text_delta", "text": piece}
         return events + [{"type": "content_block_delta", "index": self.blocks, "delta": delta}]
 
-    def _call(self, call: dict) -> list[dict]:
+    def call(self, call: dict) -> list[dict]:
         events, block, index = self._close(), tool_use(call), self.blocks
         self.blocks += 1
         self.calls += 1
@@ -92,27 +94,12 @@ class MessagesStream:
              "delta": {"type": "input_json_delta", "partial_json": call["function"]["arguments"]}},
             {"type": "content_block_stop", "index": index}]
 
-    def _feed(self, deltas: list[dict]) -> list[dict]:
-        events: list[dict] = []
-        for delta in deltas:
-            if "reasoning_content" in delta:
-                events += self._text("thinking", delta["reasoning_content"])
-            elif "content" in delta:
-                events += self._text("text", delta["content"])
-            for call in delta.get("tool_calls", []):
-                events += self._call(call)
-        return events
-
-    def chunks(self, out) -> list[dict]:
-        (o,) = out.outputs
-        return self._feed(self.reader.feed(o.delta_text))
-
     def final(self, last) -> list[dict]:
         (o,) = last.outputs
-        events = self._feed(self.reader.finish())
+        events = self.rest()
         if self.blocks == 0 and self.open is None:  # an empty reply is still one (empty) text block
             events.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
-            self.open = "text"
+            self.open = "content"
         events += self._close()
         stop = self.matched_stop(o)
         delta = {"stop_reason": stop_reason(o.finish_reason, self.calls > 0, stop), "stop_sequence": stop}

@@ -24,7 +24,7 @@ from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.protocol.responses_input import chat_fields, input_messages
 from mlc.server.protocol.streaming import sse_event
 from mlc.server.response_store import ResponseStore
-from mlc.server.routes.chat_run import as_chat, plan_only, start_chat
+from mlc.server.routes.chat_run import as_chat, plan_only, run_reply, start_chat
 from mlc.server.routes.responses_format import (
     ResponsesStream,
     assistant_message,
@@ -72,12 +72,10 @@ async def create_response(body: CreateResponseRequest, request: Request):
         fmt = ResponsesStream(run.rid, created, run.model, echo, run.plan.output(), keep)
         return await rr.stream(request, run.gen, fmt.chunks, fmt.final, run.headers, opening=fmt.start(),
                                frame=sse_event, end="", failed=lambda e: fmt.failed(e.message, e.error_type, e.field))
-    outs = await rr.run_to_end(request, [run.gen])
-    if not isinstance(outs, list):
-        return outs
-    (out,) = outs
-    (o,) = out.outputs
-    reply = run.plan.output().reply(o.text)
+    ran = await run_reply(request, run)
+    if not isinstance(ran, tuple):
+        return ran
+    out, o, reply = ran
     response = response_object(run.rid, created, run.model, echo, output_items(reply), o.finish_reason,
                                usage(len(out.prompt_token_ids), out.num_generated_tokens))
     keep(response, reply)

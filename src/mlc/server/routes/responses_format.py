@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mlc.server.chat.assistant_output import AssistantOutput, Reply, assemble
+from mlc.server.routes.reply_stream import ReplyStream
 
 RESPONSE_FIELDS = ("instructions", "previous_response_id", "max_output_tokens", "temperature", "top_p", "tools",
                    "tool_choice", "parallel_tool_calls", "text", "reasoning", "truncation", "store", "metadata")
@@ -91,18 +92,17 @@ def response_object(rid: str, created: int, model: str, echo: dict, output: list
             "model": model, "output": output, "error": None, "incomplete_details": details, **echo, "usage": usage_}
 
 
-class ResponsesStream:
+class ResponsesStream(ReplyStream):
     """Stream events of one reply: an item opens when its first delta comes (closing the one before), deltas
     follow, and `final` closes the last and sends response.completed with the whole response."""
 
     def __init__(self, rid: str, created: int, model: str, echo: dict, reader: AssistantOutput,
                  on_done: Callable[[dict, Reply], None] | None = None):
-        self.rid, self.created, self.model, self.echo = rid, created, model, echo
-        self.reader, self.on_done = reader, on_done
+        super().__init__(reader)
+        self.rid, self.created, self.model, self.echo, self.on_done = rid, created, model, echo, on_done
         self.seq = 0
         self.output: list[dict] = []
-        self.open: dict | None = None  # the item receiving deltas: reasoning or message
-        self.deltas: list[dict] = []
+        self.open: dict | None = None  # the item receiving deltas: reasoning or content (a message)
 
     def _event(self, kind: str, **fields) -> dict:
         self.seq += 1
@@ -143,7 +143,7 @@ class ResponsesStream:
                 self._event("response.content_part.done", **ids, content_index=0, part=part),
                 self._event("response.output_item.done", output_index=index, item=done)]
 
-    def _text(self, kind: str, piece: str) -> list[dict]:
+    def text(self, kind: str, piece: str) -> list[dict]:
         events = self._open(kind) if self.open is None or self.open["kind"] != kind else []
         assert self.open is not None
         self.open["text"] += piece
@@ -151,7 +151,7 @@ class ResponsesStream:
         return events + [self._event(name, output_index=self.open["index"], item_id=self.open["item"]["id"],
                                      content_index=0, delta=piece)]
 
-    def _call(self, call: dict) -> list[dict]:
+    def call(self, call: dict) -> list[dict]:
         events = self._close()
         index, done = len(self.output), call_item(call)
         self.output.append(done)
@@ -163,27 +163,11 @@ class ResponsesStream:
             self._event("response.function_call_arguments.done", **ids, arguments=done["arguments"]),
             self._event("response.output_item.done", output_index=index, item=done)]
 
-    def _feed(self, deltas: list[dict]) -> list[dict]:
-        self.deltas += deltas
-        events: list[dict] = []
-        for delta in deltas:
-            if "reasoning_content" in delta:
-                events += self._text("reasoning", delta["reasoning_content"])
-            elif "content" in delta:
-                events += self._text("message", delta["content"])
-            for call in delta.get("tool_calls", []):
-                events += self._call({k: v for k, v in call.items() if k != "index"})
-        return events
-
-    def chunks(self, out) -> list[dict]:
-        (o,) = out.outputs
-        return self._feed(self.reader.feed(o.delta_text))
-
     def final(self, last) -> list[dict]:
         (o,) = last.outputs
-        events = self._feed(self.reader.finish())
+        events = self.rest()
         if not self.output:  # an empty reply is still one (empty) message
-            events += self._open("message")
+            events += self._open("content")
         events += self._close()
         resp = response_object(self.rid, self.created, self.model, self.echo, self.output, o.finish_reason,
                                usage(len(last.prompt_token_ids), last.num_generated_tokens))
