@@ -240,7 +240,14 @@ def test_errors_under_v1_messages_take_anthropics_shape():
     async def fail():
         return JSONResponse({"error": {"message": "no such thing", "type": "x", "param": "model"}}, 404)
 
-    client = TestClient(AnthropicErrors(app))
+    @app.get("/v1/messages/crash")
+    async def crash():
+        raise RuntimeError("a bug")
+
+    client = TestClient(AnthropicErrors(app), raise_server_exceptions=False)
     shaped, other = client.get("/v1/messages/x").json(), client.get("/v1/other").json()
+    crashed = client.get("/v1/messages/crash")
+    assert crashed.status_code == 500 and crashed.json()["error"]["type"] == "api_error"
+    assert "a bug" not in crashed.text
     assert shaped == {"type": "error", "error": {"type": "not_found_error", "message": "model: no such thing"}}
     assert other["error"]["message"] == "no such thing"

@@ -63,7 +63,7 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
         app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
     if state.audit_log is not None or state.hooks.enabled:
         app.add_middleware(AuditMiddleware, audit_log=state.audit_log, hooks=state.hooks, model=state.model_id)
-    app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # counts auth's 401s and the body limit's 413s
+    app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # auth's 401s come before routing: unmatched
     app.add_middleware(messages.AnthropicErrors)  # outermost: reshapes every error under /v1/messages
     return app
 

@@ -6,6 +6,7 @@ take Anthropic's shape (`AnthropicErrors`), and `x-api-key` is accepted as well 
 from __future__ import annotations
 
 import json
+import logging
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
@@ -35,6 +36,7 @@ from mlc.server.routes.messages_format import (
 )
 from mlc.server.state import loaded_engine
 
+log = logging.getLogger("mlc.server")
 PREFIX = "/v1/messages"
 ANTHROPIC_ERRORS = {status: {**doc, "model": AnthropicError} for status, doc in ERROR_RESPONSES.items()}
 
@@ -95,21 +97,30 @@ class AnthropicErrors:
             await self.app(scope, receive, send)
             return
         start: Message | None = None
+        started = False
         chunks: list[bytes] = []
 
         async def reshape(message: Message) -> None:
-            nonlocal start
+            nonlocal start, started
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 start = message
                 return
             if start is None:
+                started = True
                 await send(message)
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 await self._send_error(start, b"".join(chunks), send)
 
-        await self.app(scope, receive, reshape)
+        try:
+            await self.app(scope, receive, reshape)
+        except Exception:  # Starlette answers these outside every middleware: answer here, in this API's shape
+            if started or start is not None:
+                raise
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            raw = json.dumps({"error": {"message": "internal server error; see the server log"}}).encode()
+            await self._send_error({"status": 500}, raw, send)
 
     @staticmethod
     async def _send_error(start: Message, raw: bytes, send: Send) -> None:
