@@ -38,7 +38,8 @@ from mlc.server.state import loaded_engine
 
 log = logging.getLogger("mlc.server")
 PREFIX = "/v1/messages"
-ANTHROPIC_ERRORS = {status: {**doc, "model": AnthropicError} for status, doc in ERROR_RESPONSES.items()}
+ANTHROPIC_ERRORS = {status: {"model": AnthropicError, "description": doc["description"].replace(
+    "`error.param` names", "`error.message` starts with")} for status, doc in ERROR_RESPONSES.items()}
 
 router = APIRouter(tags=["Anthropic Messages"], dependencies=[Security(bearer_scheme)], responses=ANTHROPIC_ERRORS)
 

@@ -22,6 +22,7 @@ from mlc.server.protocol.responses import (
 )
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
 from mlc.server.protocol.responses_input import chat_fields, input_messages
+from mlc.server.protocol.schemas import ErrorResponse
 from mlc.server.protocol.streaming import sse_event
 from mlc.server.response_store import ResponseStore
 from mlc.server.routes.chat_run import as_chat, plan_only, run_reply, start_chat
@@ -34,6 +35,8 @@ from mlc.server.routes.responses_format import (
     usage,
 )
 
+NOT_STORED = {404: {"model": ErrorResponse, "description": "No stored response with this id: never stored "
+                                                          "(store: false), deleted, or evicted (in memory, bounded)."}}
 router = APIRouter(tags=["Responses"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
 
@@ -82,12 +85,14 @@ async def create_response(body: CreateResponseRequest, request: Request):
     return JSONResponse(response, headers=run.headers)
 
 
-@router.get("/v1/responses/{response_id}", response_model=ResponseObject, summary="A stored response")
+@router.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=NOT_STORED,
+            summary="A stored response")
 async def get_response(response_id: str, request: Request):
     return JSONResponse(store_of(request).get(response_id).response)
 
 
-@router.delete("/v1/responses/{response_id}", response_model=DeletedResponse, summary="Delete a stored response")
+@router.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=NOT_STORED,
+               summary="Delete a stored response")
 async def delete_response(response_id: str, request: Request):
     store_of(request).delete(response_id)
     return DeletedResponse(id=response_id)
