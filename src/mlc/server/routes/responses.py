@@ -6,6 +6,7 @@ items (`responses_format.py`). Stored responses live in this process's memory (`
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import JSONResponse
@@ -35,7 +36,7 @@ from mlc.server.routes.responses_format import (
     usage,
 )
 
-NOT_STORED = {404: {"model": ErrorResponse, "description": "No stored response with this id: never stored "
+NOT_STORED: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No stored response with this id: never stored "
                                                           "(store: false), deleted, or evicted (in memory, bounded)."}}
 router = APIRouter(tags=["Responses"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
