@@ -36,8 +36,8 @@ from mlc.server.routes.responses_format import (
     usage,
 )
 
-NOT_STORED: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": "No stored response with this id: never stored "
-                                                          "(store: false), deleted, or evicted (in memory, bounded)."}}
+NOT_STORED: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": (
+    "No stored response with this id: never stored (store: false), deleted, or evicted (in memory, bounded).")}}
 router = APIRouter(tags=["Responses"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
 
 
