@@ -100,6 +100,8 @@ def test_text_format_json_schema_is_chats_response_format():
     ({"input": [{"type": "function_call_output", "output": "1"}]}, InvalidRequestError, "input[0].call_id"),
     ({"input": [{"role": "robot", "content": "x"}]}, InvalidRequestError, "input[0].role"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, UnsupportedFeatureError, "input[0]"),
+    ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, InvalidRequestError,
+     "input[0].call_id"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, InvalidRequestError, "text.format.type"),
     ({}, InvalidRequestError, "input"),
 ])
@@ -192,6 +194,8 @@ def test_messages_blocks_become_chat_messages():
                                                                   "name": "web_search"}]}, "tools[0].type"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"messages": [{"role": "user", "content": "x"}], "mcp_servers": [{}]}, "mcp_servers"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9", "content": "1"}]}]},
+     "messages[0].content[0].tool_use_id"),
 ])
 def test_messages_refusals_name_the_field(fields, param):
     with pytest.raises(InvalidRequestError) as caught:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from mlc.errors import InvalidRequestError, UnsupportedFeatureError
-from mlc.server.protocol.responses_input import part_text
+from mlc.server.protocol.responses_input import answered_call, part_text
 from mlc.server.protocol.schemas import MAX_TOKENS, Strict, TopK
 
 Blocks = str | list[dict[str, Any]]
@@ -101,7 +101,7 @@ def system_text(system: Blocks | None) -> str | None:
     return None if system is None else part_text(system, "system")
 
 
-def _blocks(role: str, content: list, where: str) -> list[dict]:
+def _blocks(role: str, content: list, where: str, known: set[str]) -> list[dict]:
     texts, calls, results, thinking = [], [], [], None
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
@@ -109,11 +109,13 @@ def _blocks(role: str, content: list, where: str) -> list[dict]:
         if kind == "text":
             texts.append(part_text([block], at))
         elif kind == "tool_use" and role == "assistant":
+            known.add(str(block.get("id")))
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block.get("name"), "arguments": block.get("input", {})}})
         elif kind == "tool_result" and role == "user":
             text = part_text(block.get("content", ""), f"{at}.content")
-            results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+            call_id = answered_call(str(block.get("tool_use_id")), known, f"{at}.tool_use_id", "tool_use block")
+            results.append({"role": "tool", "tool_call_id": call_id,
                             "content": f"Error: {text}" if block.get("is_error") else text})
         elif kind == "thinking" and role == "assistant":
             thinking = block.get("thinking")
@@ -140,6 +142,7 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict]:
     """Messages as chat messages: a user's tool_result blocks become tool messages (before its text), an
     assistant's tool_use blocks its tool_calls and its thinking block its reasoning_content."""
     out: list[dict] = []
+    known: set[str] = set()  # tool_use ids so far
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         role = m.get("role")
@@ -150,7 +153,7 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict]:
         if isinstance(content, str):
             out.append({"role": role, "content": content})
         elif isinstance(content, list):
-            out += _blocks(role, content, where)
+            out += _blocks(role, content, where, known)
         else:
             raise InvalidRequestError(f"{where}.content must be a string or a list of blocks",
                                       field=f"{where}.content")

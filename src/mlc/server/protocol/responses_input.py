@@ -48,9 +48,20 @@ def _need(item: dict, key: str, where: str) -> str:
     return value
 
 
-def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input") -> list[dict]:
+def answered_call(call_id: str, known: set[str] | None, field: str, what: str) -> str:
+    """A tool result's call id must name an earlier call (None: not checked here)."""
+    if known is not None and call_id not in known:
+        ids = ", ".join(sorted(known)) or "none"
+        raise InvalidRequestError(f"{field} {call_id!r} answers no earlier {what} (known ids: {ids}); send the call "
+                                  "before its result, or continue the response that made it", field=field)
+    return call_id
+
+
+def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input",
+                   known: set[str] | None = None) -> list[dict]:
     """Input items as chat messages: consecutive function_call items become one assistant message's tool_calls,
-    a function_call_output a tool message, a reasoning item the next assistant message's reasoning_content."""
+    a function_call_output a tool message, a reasoning item the next assistant message's reasoning_content.
+    `known`: the call ids of the conversation before, when the results are to be checked against them."""
     if items is None:
         return []
     if isinstance(items, str):
@@ -70,9 +81,11 @@ def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "function_call":
-            arguments = item.get("arguments", "{}")
-            call = {"id": _need(item, "call_id", where), "type": "function",
+            call_id, arguments = _need(item, "call_id", where), item.get("arguments", "{}")
+            call = {"id": call_id, "type": "function",
                     "function": {"name": _need(item, "name", where), "arguments": arguments}}
+            if known is not None:
+                known.add(call_id)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)
@@ -82,7 +95,8 @@ def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input
                     messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             output = part_text(item.get("output"), f"{where}.output")
-            messages.append({"role": "tool", "tool_call_id": _need(item, "call_id", where), "content": output})
+            call_id = answered_call(_need(item, "call_id", where), known, f"{where}.call_id", "function_call")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             reasoning = part_text(parts, f"{where}.content")
@@ -154,7 +168,8 @@ def chat_fields(body: ResponsesInput, history: list[dict]) -> dict[str, Any]:
     stored conversation previous_response_id names)."""
     refuse_unsupported(body)
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else [])
-    messages += history + input_messages(body.input)
+    known = {c["id"] for m in history for c in m.get("tool_calls") or []}
+    messages += history + input_messages(body.input, known=known)
     if not messages:
         raise InvalidRequestError("input is missing; send a string or a list of input items", field="input")
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "tools": function_tools(body.tools),
