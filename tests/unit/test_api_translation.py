@@ -102,6 +102,8 @@ def test_text_format_json_schema_is_chats_response_format():
     ({"input": [{"type": "item_reference", "id": "x"}]}, UnsupportedFeatureError, "input[0]"),
     ({"input": [{"type": "function_call_output", "call_id": "call_9", "output": "1"}]}, InvalidRequestError,
      "input[0].call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1"}]}, InvalidRequestError,
+     "input[0].arguments"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, InvalidRequestError, "text.format.type"),
     ({}, InvalidRequestError, "input"),
 ])

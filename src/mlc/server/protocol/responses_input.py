@@ -7,6 +7,7 @@ names), so `tests/unit/test_api_translation.py` checks it without a server.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mlc.errors import InvalidRequestError, UnsupportedFeatureError
@@ -48,6 +49,18 @@ def _need(item: dict, key: str, where: str) -> str:
     return value
 
 
+def _arguments(arguments: Any, where: str) -> str:
+    """A function_call's arguments: a JSON object as a string, as the Responses API sends them."""
+    try:
+        ok = isinstance(json.loads(arguments or "{}"), dict)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InvalidRequestError(f"{where}.arguments must be a JSON object as a string, like '{{\"city\": "
+                                  "\"Paris\"}'", field=f"{where}.arguments")
+    return arguments or "{}"
+
+
 def answered_call(call_id: str, known: set[str] | None, field: str, what: str) -> str:
     """A tool result's call id must name an earlier call (None: not checked here)."""
     if known is not None and call_id not in known:
@@ -81,7 +94,7 @@ def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "function_call":
-            call_id, arguments = _need(item, "call_id", where), item.get("arguments", "{}")
+            call_id, arguments = _need(item, "call_id", where), _arguments(item.get("arguments"), where)
             call = {"id": call_id, "type": "function",
                     "function": {"name": _need(item, "name", where), "arguments": arguments}}
             if known is not None:
