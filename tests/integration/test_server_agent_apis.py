@@ -122,6 +122,8 @@ def test_stored_responses_get_and_delete(oai, server):
     r = oai.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
     got = oai.responses.retrieve(r.id)
     assert got.id == r.id and got.output_text == r.output_text
+    (item,) = oai.responses.input_items.list(r.id).data
+    assert item.type == "message" and item.role == "user" and item.content[0].text == "Hi"
     oai.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError, match="no stored response"):
         oai.responses.retrieve(r.id)

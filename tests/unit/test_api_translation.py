@@ -18,7 +18,7 @@ from mlc.server.chat.reasoning import ReasoningSplitter
 from mlc.server.chat.tool_parsers import make_parser
 from mlc.server.protocol import anthropic
 from mlc.server.protocol.responses import CreateResponseRequest
-from mlc.server.protocol.responses_input import chat_fields
+from mlc.server.protocol.responses_input import chat_fields, input_items
 from mlc.server.response_store import ResponseStore
 from mlc.server.routes.chat_run import as_chat
 from mlc.server.routes.messages import AnthropicErrors
@@ -151,6 +151,14 @@ def test_responses_stream_event_sequence_assembles_the_whole_reply():
     assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
     assert final["usage"]["input_tokens"] == 3 and final["usage"]["output_tokens"] == 4
     assert kept and kept[0][0] is final and kept[0][1].content == "It is sunny."
+
+
+def test_input_items_get_ids():
+    (text,) = input_items("Hi")
+    assert text["id"].startswith("msg_") and text["content"] == [{"type": "input_text", "text": "Hi"}]
+    call, output = input_items([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                {"type": "function_call_output", "call_id": "c", "output": "1", "id": "mine"}])
+    assert call["id"].startswith("fc_") and output["id"] == "mine"
 
 
 def test_response_store_bounds_count_and_age():

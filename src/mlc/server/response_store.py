@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mlc.errors import NotFoundError
 
@@ -23,6 +23,7 @@ class StoredResponse:
     response: dict
     history: list[dict]  # chat messages: every earlier turn, this input, this reply
     stored_at: float
+    input_items: list[dict] = field(default_factory=list)  # this response's input as items with ids
 
 
 class ResponseStore:
@@ -40,18 +41,18 @@ class ResponseStore:
                                next(iter(self._items.values())).stored_at < oldest):
             self._items.popitem(last=False)
 
-    def put(self, response: dict, history: list[dict]) -> None:
-        self._items[response["id"]] = StoredResponse(response, history, self.clock())
+    def put(self, response: dict, history: list[dict], input_items: list[dict] | None = None) -> None:
+        self._items[response["id"]] = StoredResponse(response, history, self.clock(), input_items or [])
         self._items.move_to_end(response["id"])
         self._evict()
 
-    def get(self, response_id: str, field: str = "response_id") -> StoredResponse:
+    def get(self, response_id: str, param: str = "response_id") -> StoredResponse:
         self._evict()
         found = self._items.get(response_id)
         if found is None:
             raise NotFoundError(f"no stored response {response_id!r}: it was never stored (store: false), was "
                                 f"deleted, or was evicted (this server keeps the last {self.capacity} responses for "
-                                f"{self.max_age_s / 60:g} minutes, in memory)", field=field)
+                                f"{self.max_age_s / 60:g} minutes, in memory)", field=param)
         return found
 
     def delete(self, response_id: str) -> None:

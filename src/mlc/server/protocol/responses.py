@@ -133,3 +133,12 @@ class DeletedResponse(BaseModel):
 class InputTokensResponse(BaseModel):
     object: Literal["response.input_tokens"] = "response.input_tokens"
     input_tokens: int
+
+
+class InputItemList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]] = Field(description="The response's input items (messages, function calls and "
+                                       "their outputs, reasoning), each with an id.")
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None

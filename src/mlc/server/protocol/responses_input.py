@@ -8,6 +8,7 @@ names), so `tests/unit/test_api_translation.py` checks it without a server.
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from mlc.errors import InvalidRequestError, UnsupportedFeatureError
@@ -15,6 +16,7 @@ from mlc.server.protocol.responses import CreateResponseRequest, ResponsesInput
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
 MESSAGE_ROLES = ("user", "system", "developer", "assistant")
+ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 HOSTED = "only function tools run on this server; {kind!r} needs OpenAI's hosted service: remove it"
 
 
@@ -117,6 +119,17 @@ def input_messages(items: str | list[dict[str, Any]] | None, field: str = "input
             raise UnsupportedFeatureError(f"{where}: input items of type {kind!r} are not supported; send message, "
                                           "function_call, function_call_output or reasoning items", field=where)
     return messages
+
+
+def input_items(items: str | list[dict[str, Any]] | None) -> list[dict]:
+    """The input as items with ids, for GET /v1/responses/{id}/input_items (a string is one user message)."""
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": items}]}]
+    out = []
+    for item in items or []:
+        kind = item.get("type", "message")
+        out.append({"id": f"{ITEM_ID_PREFIX.get(kind, 'item')}_{uuid.uuid4().hex[:24]}", **item, "type": kind})
+    return out
 
 
 def function_tools(tools: list[dict[str, Any]] | None) -> list[dict] | None:

@@ -6,23 +6,25 @@ items (`responses_format.py`). Stored responses live in this process's memory (`
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request, Security
+from fastapi import APIRouter, Query, Request, Security
 from fastapi.responses import JSONResponse
 
+from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
 from mlc.server.auth import bearer_scheme
 from mlc.server.protocol.responses import (
     CreateResponseRequest,
     DeletedResponse,
+    InputItemList,
     InputTokensResponse,
     ResponseObject,
     ResponsesInput,
     ResponseStreamEvent,
 )
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES, sse_response_doc
-from mlc.server.protocol.responses_input import chat_fields, input_messages
+from mlc.server.protocol.responses_input import chat_fields, input_items, input_messages
 from mlc.server.protocol.schemas import ErrorResponse
 from mlc.server.protocol.streaming import sse_event
 from mlc.server.response_store import ResponseStore
@@ -70,7 +72,7 @@ async def create_response(body: CreateResponseRequest, request: Request):
 
     def keep(response: dict, reply) -> None:
         if body.store is not False:
-            store.put(response, conversation + [assistant_message(reply)])
+            store.put(response, conversation + [assistant_message(reply)], input_items(body.input))
 
     if body.stream:
         fmt = ResponsesStream(run.rid, created, run.model, echo, run.plan.output(), keep)
@@ -97,6 +99,22 @@ async def get_response(response_id: str, request: Request):
 async def delete_response(response_id: str, request: Request):
     store_of(request).delete(response_id)
     return DeletedResponse(id=response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=InputItemList, responses=NOT_STORED,
+            summary="The input items of a stored response")
+async def list_input_items(response_id: str, request: Request, limit: int = Query(20, ge=1, le=100),
+                           order: Literal["asc", "desc"] = "desc", after: str | None = None):
+    items = store_of(request).get(response_id).input_items
+    items = items if order == "asc" else items[::-1]
+    ids = [item["id"] for item in items]
+    if after is not None:
+        if after not in ids:
+            raise InvalidRequestError(f"after {after!r} is not an item of this response", field="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return InputItemList(data=page, has_more=len(items) > limit, first_id=page[0]["id"] if page else None,
+                         last_id=page[-1]["id"] if page else None)
 
 
 @router.post("/v1/responses/input_tokens", response_model=InputTokensResponse,
