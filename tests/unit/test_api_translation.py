@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 
+import anthropic as anthropic_sdk
+import httpx
+import httpx2
+import openai
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -19,6 +23,7 @@ from mlc.server.chat.tool_parsers import make_parser
 from mlc.server.protocol import anthropic
 from mlc.server.protocol.responses import CreateResponseRequest
 from mlc.server.protocol.responses_input import chat_fields, input_items
+from mlc.server.protocol.streaming import sse_event
 from mlc.server.response_store import ResponseStore
 from mlc.server.routes.chat_run import as_chat
 from mlc.server.routes.messages import AnthropicErrors
@@ -265,3 +270,40 @@ def test_errors_under_v1_messages_take_anthropics_shape():
     assert "a bug" not in crashed.text
     assert shaped == {"type": "error", "error": {"type": "not_found_error", "message": "model: no such thing"}}
     assert other["error"]["message"] == "no such thing"
+
+
+def sdk_transport(events: list[dict], http=httpx):
+    """A client of `http` (httpx, or httpx2 for anthropic's client) whose every answer is `events` as this server
+    streams them."""
+    body = "".join(sse_event(e) for e in events).encode()
+    return http.Client(transport=http.MockTransport(
+        lambda request: http.Response(200, content=body, headers={"content-type": "text/event-stream"})))
+
+
+def streamed(stream, pieces: list[str]) -> list[dict]:
+    outs = outputs(pieces)
+    events = [e for out in outs for e in stream.chunks(out)]
+    return events + stream.final(outs[-1])
+
+
+def test_the_openai_client_assembles_a_streamed_response():
+    stream = ResponsesStream("resp-1", 0, "m", request_echo(responses_body(input="x")), reader())
+    events = stream.start() + streamed(stream, ["<think>Hm", ".</think>\nIt is sunny.", "\n" + CALL_TEXT])
+    client = openai.OpenAI(base_url="http://t/v1", api_key="k", http_client=sdk_transport(events), max_retries=0)
+    with client.responses.stream(model="m", input="x") as s:
+        final = s.get_final_response()
+    assert final.output_text == "It is sunny."
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert final.output[0].content[0].text == "Hm." and json.loads(final.output[2].arguments) == {"city": "Paris"}
+
+
+def test_the_anthropic_client_assembles_a_streamed_message():
+    stream = MessagesStream("msg-1", "m", reader(), lambda o: None)
+    events = stream.start(3) + streamed(stream, ["<think>Hm", ".</think>\nSure.", " " + CALL_TEXT])
+    client = anthropic_sdk.Anthropic(base_url="http://t", api_key="k", http_client=sdk_transport(events, httpx2),
+                                     max_retries=0)
+    with client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}]) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[0].thinking == "Hm." and final.content[1].text == "Sure."
+    assert final.content[2].input == {"city": "Paris"} and final.stop_reason == "tool_use"

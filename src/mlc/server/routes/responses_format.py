@@ -109,7 +109,7 @@ class ResponsesStream(ReplyStream):
         return {"type": kind, "sequence_number": self.seq - 1, **fields}
 
     def _snapshot(self, status: str, finish: str | None = None, usage_: dict | None = None) -> dict:
-        resp = response_object(self.rid, self.created, self.model, self.echo, self.output, finish, usage_)
+        resp = response_object(self.rid, self.created, self.model, self.echo, list(self.output), finish, usage_)
         return {**resp, "status": status, "completed_at": None} if status == "in_progress" else resp
 
     def start(self) -> list[dict]:
