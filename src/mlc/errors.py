@@ -157,3 +157,11 @@ class ClusterError(MlcError):
     exit_code = 10
     http_status = 503
     error_type = "cluster_error"
+
+
+class NotFoundError(MlcError):
+    """A stored object (a response of /v1/responses) that this server does not hold."""
+
+    exit_code = 3
+    http_status = 404
+    error_type = "not_found_error"

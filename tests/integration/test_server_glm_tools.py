@@ -89,3 +89,12 @@ class TestGlm45(_Agent):
                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert r.usage.prompt_tokens > client.chat.completions.create(
             model="tiny", messages=ASK, max_tokens=4, temperature=0).usage.prompt_tokens  # "/nothink<think></think>"
+
+    def test_thinking_switch_of_the_responses_and_messages_apis_reaches_the_template(self, server):
+        def count(path: str, body: dict) -> int:
+            return httpx.post(server.url + path, json={"model": "tiny", **body}, timeout=60).json()["input_tokens"]
+
+        on = count("/v1/responses/input_tokens", {"input": ASK})
+        assert count("/v1/responses/input_tokens", {"input": ASK, "reasoning": {"effort": "none"}}) > on
+        assert count("/v1/messages/count_tokens", {"messages": ASK, "thinking": {"type": "disabled"}}) > \
+            count("/v1/messages/count_tokens", {"messages": ASK}) == on  # the same prompt through both APIs

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import jsonschema
+import openai
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -24,6 +26,15 @@ PERSON = {"type": "object", "properties": {
     "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
     "student": {"type": "boolean"}}, "required": ["name", "age", "pets", "student"], "additionalProperties": False}
 ASK = [{"role": "user", "content": "What's the weather in Paris for the next 3 days?"}]
+CLAUDE_TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
+               "input_schema": WEATHER["function"]["parameters"]}
+SLOW_LOAD_S = 400  # a server's model may load this slowly on a busy shared CPU
+
+
+def sdk_clients(url: str, key: str = "unused") -> tuple[openai.OpenAI, anthropic.Anthropic]:
+    """The openai client (at /v1) and the anthropic client (at the root) of a server, without retries."""
+    return (openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=180),
+            anthropic.Anthropic(base_url=url, api_key=key, max_retries=0, timeout=180))
 
 
 def check_calls(choice, names=None) -> list:

@@ -24,8 +24,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None, model: str = MODEL):
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None, model: str = MODEL,
+                 load_timeout: float = 120.0):
         self.tmp = tmp
+        self.load_timeout = load_timeout  # for `with`: how long the model may take to load
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "server.log"
@@ -76,7 +78,7 @@ class ServerProcess:
     def __enter__(self) -> ServerProcess:
         """`with ServerProcess(...) as srv:` waits until it is healthy and terminates it on the way out."""
         try:
-            self.wait_healthy()
+            self.wait_healthy(self.load_timeout)
         except BaseException:
             self.terminate()
             raise

@@ -20,17 +20,21 @@ from mlc.server.errors import error_body, install_error_handlers
 from mlc.server.observability import metrics
 from mlc.server.observability.audit import AuditMiddleware
 from mlc.server.observability.hooks import HooksConfig
+from mlc.server.protocol.anthropic import MessageStreamEvent
+from mlc.server.protocol.responses import ResponseStreamEvent
 from mlc.server.protocol.responses_doc import add_event_schemas
 from mlc.server.protocol.schemas import ChatCompletionChunk, GenerateEvent
-from mlc.server.routes import health, native, openai_api, pages, tokenize
+from mlc.server.routes import health, messages, native, openai_api, pages, responses, tokenize
 from mlc.server.state import ServerState, default_engine_factory
 
 MAX_BODY_BYTES = 32 * 2**20
 
 DESCRIPTION = """\
-The native API (`/generate`, as in the reference tutorial), the OpenAI-compatible API (`/v1/...`), tokenizer
-routes and Prometheus `/metrics`. With API keys configured every route except `/health`, `/ready`, `/live` and the
-chat page at `/` needs `Authorization: Bearer <key>`. Errors are `{"error": {"message", "type", "param", "code"}}`.
+The native API (`/generate`, as in the reference tutorial), the OpenAI-compatible API (`/v1/...`, with the
+Responses API at `/v1/responses`), Anthropic's Messages API (`/v1/messages`), tokenizer routes and Prometheus
+`/metrics`. With API keys configured every route except `/health`, `/ready`, `/live` and the chat page at `/` needs
+`Authorization: Bearer <key>` (or `x-api-key: <key>`). Errors are `{"error": {"message", "type", "param", "code"}}`,
+and `{"type": "error", "error": {"type", "message"}}` under `/v1/messages`.
 """
 
 
@@ -49,7 +53,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     app = FastAPI(title="mlc", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.mlc = state
     install_error_handlers(app)
-    for module in (health, native, openai_api, tokenize, metrics, pages):  # pages: /, /dashboard, /train, /api/*
+    # pages: /, /dashboard, /train, /api/*
+    for module in (health, native, openai_api, responses, messages, tokenize, metrics, pages):
         app.include_router(module.router)
 
     _finish_openapi(app)
@@ -58,6 +63,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
         app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
     if state.audit_log is not None or state.hooks.enabled:
         app.add_middleware(AuditMiddleware, audit_log=state.audit_log, hooks=state.hooks, model=state.model_id)
+    app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # auth's 401s come before routing: unmatched
+    app.add_middleware(messages.AnthropicErrors)  # outermost: reshapes every error under /v1/messages
     return app
 
 
@@ -111,7 +118,8 @@ def _finish_openapi(app: FastAPI) -> None:
                     operation["responses"].pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
-            add_event_schemas(schema["components"]["schemas"], [GenerateEvent, ChatCompletionChunk])
+            add_event_schemas(schema["components"]["schemas"],
+                              [GenerateEvent, ChatCompletionChunk, ResponseStreamEvent, MessageStreamEvent])
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customize the schema

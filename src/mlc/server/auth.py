@@ -1,4 +1,5 @@
-"""Bearer-token auth: with keys configured, every route but the open ones needs `Authorization: Bearer <key>`.
+"""Bearer-token auth: with keys configured, every route but the open ones needs `Authorization: Bearer <key>`, or
+`x-api-key: <key>` as Anthropic's clients send it.
 
 Checked in an ASGI middleware, before the body is read, so an unauthenticated client learns nothing about the API
 beyond 401. Failures are logged with the client address and the reason, never with the key that was sent.
@@ -59,12 +60,15 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        problem = check_authorization(headers.get("authorization"), self.keys)
+        given = headers.get("authorization")
+        if given is None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
+            given = f"Bearer {headers['x-api-key']}"
+        problem = check_authorization(given, self.keys)
         if problem is None:
             await self.app(scope, receive, send)
             return
         client = scope.get("client") or ("?", 0)
         log.warning("401 %s %s from %s: %s", scope["method"], scope["path"], client[0], problem)
-        err = AuthError(f"unauthorized: {problem}; send 'Authorization: Bearer <key>' with a key the server was "
-                        "started with (--api-key or MLC_API_KEY)")
+        err = AuthError(f"unauthorized: {problem}; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with a "
+                        "key the server was started with (--api-key or MLC_API_KEY)")
         await mlc_error_response(err)(scope, receive, send)

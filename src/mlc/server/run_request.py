@@ -97,8 +97,11 @@ async def run_to_end(request: Request, gens: list[Generation]) -> list[RequestOu
 
 async def stream(request: Request, gen: Generation, render: Callable[[RequestOutput], list[dict]],
                  closing: Callable[[RequestOutput], list[dict]], headers: dict[str, str],
-                 opening: list[dict] | None = None) -> Response:
-    """SSE of `gen`: waits for the first output first, so errors before any token are plain 4xx/5xx answers."""
+                 opening: list[dict] | None = None, frame: Callable[[dict], str] = sse, end: str = DONE,
+                 failed: Callable[[MlcError], list[dict]] | None = None) -> Response:
+    """SSE of `gen`: waits for the first output first, so errors before any token are plain 4xx/5xx answers.
+    `frame` writes one event (`data:` lines; the Responses and Messages APIs add `event:`), `end` closes the
+    stream (`[DONE]`, or nothing), `failed` says in-band that the engine failed mid-stream."""
     state = get_state(request)
     info = audit_info(request.scope)
     try:
@@ -120,21 +123,23 @@ async def stream(request: Request, gen: Generation, render: Callable[[RequestOut
         finished = False
         try:
             for chunk in opening or []:
-                yield sse(chunk)
+                yield frame(chunk)
             while out is not None:
                 last = out
                 for chunk in render(out):
-                    yield sse(chunk)
+                    yield frame(chunk)
                 out = await gen.next()
             for chunk in closing(last):
-                yield sse(chunk)
+                yield frame(chunk)
             finished = True
-            yield DONE
+            yield end
         except MlcError as e:  # the engine failed mid-stream: say so in-band, as OpenAI does
             finished = True
             info.finish_reason = FinishReason.ERROR
-            yield sse(error_body(e.message, e.error_type, e.field, e.error_type))
-            yield DONE
+            chunks = failed(e) if failed else [error_body(e.message, e.error_type, e.field, e.error_type)]
+            for chunk in chunks:
+                yield frame(chunk)
+            yield end
         finally:
             if last is not None and info.finish_reason != FinishReason.ERROR:
                 note_outputs(info, [last], state.config.audit_log_content)

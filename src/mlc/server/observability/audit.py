@@ -24,7 +24,8 @@ log = logging.getLogger("mlc.server.observability.audit")
 
 SCOPE_KEY = "mlc.audit"
 AUDITED_PREFIXES = ("/v1/", "/generate", "/tokenize", "/detokenize")
-INFERENCE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+INFERENCE_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses",
+                             "/v1/messages"})
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection before the answer"
 
 

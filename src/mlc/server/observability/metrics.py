@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc.server.auth import bearer_scheme
 from mlc.server.observability.metrics_history import LatencyWindow, MetricsHistory
@@ -27,6 +28,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 40.0, 80.0, 160.0, 640.0)
 TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                  80.0)
+COUNTED_PREFIXES = ("/v1/", "/generate", "/tokenize", "/detokenize")
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 
@@ -108,6 +110,9 @@ class ServerMetrics:
                                 labels + ["finished_reason"], registry=r)
         self.rejected = Counter("mlc:request_rejected", "Requests refused before reaching the engine.",
                                 labels + ["reason"], registry=r)
+        self.api_requests = Counter("mlc:api_requests", "HTTP requests to the API by route (its path template: "
+                                    "/v1/chat/completions, /v1/responses, /v1/messages, ...) and status.",
+                                    labels + ["route", "status"], registry=r)
 
     def watch_engine(self, stats: Callable[[], EngineStats | None], waiting: Callable[[], int], page_size: int):
         self.engine_collector = EngineCollector(self.model, stats, waiting, page_size)
@@ -139,8 +144,36 @@ class ServerMetrics:
     def count_rejected(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()
 
+    def count_request(self, route: str, status: int) -> None:
+        self.api_requests.labels(self.model, route, str(status)).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RouteCounter:
+    """Counts every API request by the route it matched and the status it got (`mlc:api_requests_total`), so each
+    API (chat, completions, Responses, Messages, native) shows apart."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(COUNTED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def noted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noted)
+        finally:  # the router put the matched route in the scope; an unknown path has none
+            self.metrics.count_request(getattr(scope.get("route"), "path", "unmatched"), status)
 
 
 router = APIRouter(tags=["metrics"], dependencies=[Security(bearer_scheme)])

@@ -29,6 +29,11 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
+def sse_event(payload: dict) -> str:
+    """An event named by its payload's type (`event: <type>`), as the Responses and Messages APIs stream."""
+    return f"event: {payload['type']}\n{sse(payload)}"
+
+
 class SSEResponse(StreamingResponse):
     media_type = "text/event-stream"
 
