@@ -191,6 +191,10 @@ at::Tensor quantized_gemm(const at::Tensor& x, const uint8_t* w, int64_t N, int6
         auto pass = [&](auto n) {  // buf holds rows [first, stop) of these tiles, ld floats each
           int64_t m = first;
           for (; m + kRows <= stop; m += kRows) tile(Rows<kRows>{}, n, a, m, wt, buf + (m - first) * ld);
+          if (m + 2 <= stop) {  // a pair left (a sequence and its drafts): one pass over the tile, not two
+            tile(Rows<2>{}, n, a, m, wt, buf + (m - first) * ld);
+            m += 2;
+          }
           for (; m < stop; ++m) tile(Rows<1>{}, n, a, m, wt, buf + (m - first) * ld);
         };
         if (width == kTiles) {

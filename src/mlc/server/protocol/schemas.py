@@ -76,6 +76,8 @@ class Usage(BaseModel):
 
 
 FullKV = Annotated[bool, Field(description="mlc: keep this request's whole KV cache when the server runs sparse KV.")]
+Speculative = Annotated[bool, Field(description="mlc: false never drafts for this request, even when the server runs "
+                                                "speculative decoding (the output is the same either way).")]
 
 
 class StreamOptions(NullableFields):
@@ -95,6 +97,7 @@ class EngineExtensions(Strict):
                                           description="Token ids that end generation, each below the vocabulary size.")
     include_stop_str_in_output: bool = False
     full_kv: FullKV = False
+    speculative: Speculative = True
     context_length: ContextLength
     context_profile: ContextProfile
 
@@ -115,6 +118,7 @@ class GenerateRequest(Strict):
     seed: Seed
     stream: bool = Field(False, description="Send server-sent events: one per step, the last with usage.")
     full_kv: FullKV = False
+    speculative: Speculative = True
     context_length: ContextLength
     context_profile: ContextProfile
 

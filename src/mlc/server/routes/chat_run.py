@@ -58,7 +58,7 @@ async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: s
                      max_field: str) -> ChatRun:
     """Admit and start `body` as /v1/chat/completions would; errors name `max_field` for the token bound."""
     state, info, adapter_id, model_name = _begin(body, request)
-    max_tokens, _ = _chat_checks(body)
+    max_tokens, _ = _chat_checks(body, info)
     limits = _limits(state, body)
     plan = await off_loop(plan_chat, state, body, limits.context)
     rename = {"max_new_tokens": max_field, "min_new_tokens": "min_tokens"}

@@ -36,7 +36,8 @@ async def generate(body: GenerateRequest, request: Request):
     budget = completion_budget(len(prompt.ids), body.max_new_tokens, limits, state.config.default_max_tokens)
     params = sampling_params({}, max_new_tokens=budget, temperature=body.temperature, top_p=body.top_p,
                              top_k=body.top_k, repetition_penalty=body.repetition_penalty, seed=body.seed,
-                             stop=stop_list(body.stop), full_kv=body.full_kv)
+                             stop=stop_list(body.stop), full_kv=body.full_kv,
+                             speculative=body.speculative)
     rr.validate(state, prompt.ids, params, limits, {})
     rid = state.new_request_id("gen")
     info.request_id, info.prompt_tokens, info.stripped_chars = rid, len(prompt.ids), prompt.stripped

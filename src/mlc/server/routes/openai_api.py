@@ -96,7 +96,7 @@ def _params(state: ServerState, body: OpenAIRequest, prompt: Prompt, limits: Lim
         stop_token_ids=list(body.stop_token_ids), ignore_eos=body.ignore_eos, min_new_tokens=body.min_tokens,
         logprobs=logprobs, n=body.n, include_stop_str_in_output=body.include_stop_str_in_output,
         full_kv=body.full_kv, grammar=grammar, prompt_logprobs=prompt_logprobs, logit_bias=bias,
-        prediction=prediction,
+        prediction=prediction, speculative=body.speculative,
     )
     rr.validate(state, prompt.ids, params, limits, rename)
     return params
