@@ -96,5 +96,7 @@ class TestGlm45(_Agent):
 
         on = count("/v1/responses/input_tokens", {"input": ASK})
         assert count("/v1/responses/input_tokens", {"input": ASK, "reasoning": {"effort": "none"}}) > on
-        assert count("/v1/messages/count_tokens", {"messages": ASK, "thinking": {"type": "disabled"}}) > \
-            count("/v1/messages/count_tokens", {"messages": ASK}) == on  # the same prompt through both APIs
+        off = count("/v1/messages/count_tokens", {"messages": ASK, "thinking": {"type": "disabled"}})
+        assert off > count("/v1/messages/count_tokens", {"messages": ASK, "thinking": {"type": "enabled",
+                                                                                      "budget_tokens": 1024}}) == on
+        assert count("/v1/messages/count_tokens", {"messages": ASK}) == off  # Anthropic's API thinks only if asked

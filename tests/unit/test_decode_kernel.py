@@ -69,6 +69,21 @@ def test_a_sequence_is_bit_identical_alone_and_in_any_batch(dtype):
     assert torch.equal(some, batch[picked])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_sharing_a_page_table_keep_their_bits(dtype):
+    """A sequence's next token and its speculative drafts: one row each over the same pages, each one more token of
+    context; each row is what it is alone."""
+    q, cache, tables = paged(dtype, [300, 40, 133], seed=2)
+    contexts = [296, 297, 298, 299, 300, 40, 130, 131, 133]
+    rows = [tables[0]] * 5 + [tables[1]] + [tables[2]] * 3
+    q = torch.randn(len(rows), H, D, generator=torch.Generator().manual_seed(3)).to(dtype)
+    batch = attend(q, cache, rows, contexts, True)
+    for i, c in enumerate(contexts):
+        assert torch.equal(attend(q[i : i + 1], cache, rows[i : i + 1], [c], True)[0], batch[i]), (i, c)
+    sdpa = attend(q, cache, rows, contexts, False)
+    assert (batch.float() - sdpa.float()).abs().max().item() <= (1e-6 if dtype == torch.float32 else 1.6e-2)
+
+
 def test_quantized_caches_and_other_dtypes_take_the_sdpa_path():
     from mlc.layers.kv_quant import QuantizedPagedTensor
 

@@ -9,7 +9,7 @@ from mlc.config.engine_config import EngineConfig, SpeculativeConfig
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.scheduler import ScheduledSeq
 from mlc.engine.sequence import Sequence
-from mlc.engine.speculative import NgramIndex, Speculator
+from mlc.engine.speculative import OFF, NgramIndex, Speculator
 from tests.unit.test_scheduler import check, make_sched, make_seq
 
 
@@ -153,3 +153,36 @@ def test_config_reads_json_and_refuses_what_is_not_built():
         EngineConfig(speculative_config="{method: ngram}")
     with pytest.raises(ValueError, match="sparse_kv"):
         EngineConfig(speculative_config={}, sparse_kv={"ratio": 0.5})
+
+
+def test_a_failing_drafter_leaves_its_sequence_without_drafts():
+    class Broken:
+        def is_stopped(self):
+            return False
+
+        def validate_tokens(self, tokens):
+            raise RuntimeError("the matcher broke")
+
+    spec = Speculator(SpeculativeConfig())
+    seq, other = running(list(range(20, 40)) * 2, [20, 21]), running(list(range(20, 40)) * 2, [20, 21])
+    seq.matcher = Broken()
+    spec.propose([seq, other])
+    assert seq.draft_ids == [] and seq.drafter is OFF and other.draft_ids == [22, 23, 24]
+    spec.propose([seq])
+    assert seq.draft_ids == []
+
+
+def test_drafts_never_preempt_or_hold_back_another_sequence():
+    sched = make_sched(num_pages=8, page_size=4, max_num_batched_tokens=64)  # 7 usable pages
+    a, b = make_seq(11, max_new=32), make_seq(12, max_new=32)
+    for seq in (a, b):
+        sched.add(seq)
+    out = sched.schedule()
+    sched.advance(out.scheduled, {}, 0.0)
+    sched.postprocess([a, b], [(7, None), (7, None)], 0.0)  # 3 pages each (b's full), one page free
+    a.draft_ids = [1, 2, 3, 4, 5, 6]
+    out = sched.schedule()  # b's next token needs the free page: a's drafts get none of it
+    assert not out.preempted
+    assert [(s.seq, s.num_tokens, s.num_draft) for s in out.scheduled] == [(a, 1, 0), (b, 1, 0)]
+    sched.advance(out.scheduled, {}, 0.0)
+    check(sched)

@@ -49,9 +49,9 @@ class SpeculativeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     method: Literal["ngram"] = "ngram"  # prompt lookup; draft_model and mtp are not built yet
-    num_speculative_tokens: int = Field(5, ge=1, le=16)
-    prompt_lookup_min: int = Field(2, ge=1)
-    prompt_lookup_max: int = Field(4, ge=1)
+    num_speculative_tokens: int = Field(3, ge=1, le=16)  # from `bench spec`'s verify-cost curve (BENCHMARKS.md)
+    prompt_lookup_min: int = Field(2, ge=1, le=8)
+    prompt_lookup_max: int = Field(4, ge=1, le=8)
     disable_by_batch_size: int | None = Field(8, ge=1)  # no drafting while more sequences than this run
 
     @model_validator(mode="before")

@@ -49,6 +49,7 @@ class RequestRules:
         self.check_token_ids(ids, "prompt")
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         self.check_token_ids(list(params.logit_bias or ()), "logit_bias")
+        self.check_token_ids(params.prediction or [], "prediction")
         if params.top_k > self.vocab_size:
             raise InvalidRequestError(f"top_k={params.top_k} is more than the model's {self.vocab_size} tokens; use "
                                       f"at most {self.vocab_size}, or 0 or -1 to turn top_k off", field="top_k")

@@ -75,14 +75,27 @@ class Scheduler:
                 continue
             if not self._make_room(seq, k, chosen, out):
                 continue
-            d = self._drafts(seq, k, budget)
-            out.copies += self.pages.grow(seq, seq.num_cache_entries + k + d)
-            out.scheduled.append(ScheduledSeq(seq, k + d, d))
+            out.copies += self.pages.grow(seq, seq.num_cache_entries + k)
+            out.scheduled.append(ScheduledSeq(seq, k))
             chosen.add(seq.seq_id)
-            budget -= k + d
+            budget -= k
         if not out.preempted:
-            self._admit(out, budget)
+            budget = self._admit(out, budget)
+        self._add_drafts(out, budget)
         return out
+
+    def _add_drafts(self, out: SchedulerOutput, budget: int) -> None:
+        """Speculative tokens ride on what the step has left once every running sequence and every admission has
+        its share: the budget and the free pages (they never preempt or hold back anyone); the rest are dropped."""
+        for i, item in enumerate(out.scheduled):
+            seq = item.seq
+            if not seq.draft_ids:
+                continue
+            d = self._drafts(seq, item.num_tokens, budget)
+            if d:
+                out.copies += self.pages.grow(seq, seq.num_cache_entries + item.num_tokens + d)
+                out.scheduled[i] = ScheduledSeq(seq, item.num_tokens + d, d)
+                budget -= d
 
     def _chunk(self, seq: Sequence, budget: int, batch_nonempty: bool) -> int:
         need = seq.num_uncomputed
@@ -91,9 +104,8 @@ class Scheduler:
         return need if need <= budget or not batch_nonempty else 0
 
     def _drafts(self, seq: Sequence, k: int, budget: int) -> int:
-        """How many of the sequence's draft tokens ride in this step: those the budget and the free pages allow,
-        never at the cost of another sequence (the rest are dropped)."""
-        d = min(len(seq.draft_ids), budget - k) if k == seq.num_uncomputed == 1 else 0
+        """How many of the sequence's draft tokens fit the budget and the free pages beside its `k` tokens."""
+        d = min(len(seq.draft_ids), budget) if k == seq.num_uncomputed == 1 else 0
         while d and not self.pages.can_grow(seq, seq.num_cache_entries + k + d):
             d //= 2
         del seq.draft_ids[d:]
@@ -109,7 +121,8 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting sequences while the batch, the budget and the pages allow; returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
             if not seq.page_table:
@@ -124,6 +137,7 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, k))
             budget -= k
+        return budget
 
     def _fits(self, seq: Sequence, num_entries: int) -> bool:
         """Admission keeps a small reserve of pages so running sequences can keep decoding."""

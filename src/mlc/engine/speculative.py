@@ -19,6 +19,7 @@ than was accepted next time; with more than `disable_by_batch_size` running sequ
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,6 +31,11 @@ if TYPE_CHECKING:
 
 MAX_POSITIONS = 16  # SpeculativeConfig.num_speculative_tokens' bound
 MAX_COOLDOWN = 32
+LOOKBACK = 16384  # tokens of a long prompt the index covers: its end, where a reply most often copies from
+
+OFF = "off"  # `Sequence.drafter` of a sequence whose drafting failed: it decodes without drafts
+
+log = logging.getLogger("mlc.engine")
 
 
 class NgramIndex:
@@ -42,7 +48,8 @@ class NgramIndex:
         self.size = 0
 
     def extend(self, tokens: list[int]) -> None:
-        for p in range(max(self.size, 1), len(tokens)):  # p: a position with a token at it, after an n-gram
+        # p: a position with a token at it, after an n-gram
+        for p in range(max(self.size, 1, len(tokens) - LOOKBACK), len(tokens)):
             for n, m in self.maps.items():
                 if p >= n:
                     m[tuple(tokens[p - n : p])] = p
@@ -110,13 +117,18 @@ class Speculator:
         limit = self.config.disable_by_batch_size
         crowded = limit is not None and len(running) > limit
         for seq in running:
-            seq.draft_ids = [] if crowded else self._draft(seq)
+            try:
+                seq.draft_ids = [] if crowded else self._draft(seq)
+            except Exception as e:  # a drafter's failure costs its sequence the speed-up, never a request
+                seq.draft_ids, seq.drafter = [], OFF
+                log.warning("drafting for request %s failed (%s: %s); it decodes without drafts",
+                            seq.request_id, type(e).__name__, e)
         self.stats.draft_time_s += time.perf_counter() - start
 
     def _draft(self, seq: Sequence) -> list[int]:
         p = seq.params
         wanted = p.speculative and (self.enabled or bool(p.prediction) and self.predictions)
-        if not wanted or seq.num_uncomputed != 1 or not seq.output_ids:
+        if not wanted or seq.drafter is OFF or seq.num_uncomputed != 1 or not seq.output_ids:
             return []
         state = seq.drafter if isinstance(seq.drafter, DraftState) else self._start(seq)
         if state.cooldown:

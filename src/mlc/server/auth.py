@@ -61,9 +61,9 @@ class APIKeyMiddleware:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         given = headers.get("authorization")
-        if given is None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
-            given = f"Bearer {headers['x-api-key']}"
         problem = check_authorization(given, self.keys)
+        if problem is not None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
+            problem = check_authorization(f"Bearer {headers['x-api-key']}", self.keys)
         if problem is None:
             await self.app(scope, receive, send)
             return

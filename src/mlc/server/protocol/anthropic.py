@@ -194,7 +194,7 @@ def response_format(body: CountTokensRequest) -> dict | None:
     fmt = (body.output_config or {}).get("format") or body.output_format
     if fmt is None:
         return None
-    if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise InvalidRequestError('output_config.format must be {"type": "json_schema", "schema": {...}}',
                                   field="output_config.format")
     return {"type": "json_schema", "json_schema": {"schema": fmt["schema"]}}
@@ -211,7 +211,7 @@ def chat_fields(body: CountTokensRequest) -> dict[str, Any]:
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "tools": chat_tools(body.tools),
                               "tool_choice": choice, "parallel_tool_calls": parallel,
                               "response_format": response_format(body)}
-    if (body.thinking or {}).get("type") == "disabled":
+    if (body.thinking or {}).get("type") != "enabled":  # Anthropic's API thinks only when asked to
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     if isinstance(body, MessagesRequest):
         if body.container is not None:

@@ -158,6 +158,9 @@ def tool_choice(choice: str | dict[str, Any] | None) -> str | dict | None:
 def response_format(text: dict[str, Any] | None) -> dict | None:
     """text.format as chat's response_format."""
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise InvalidRequestError('text.format must be an object such as {"type": "json_schema", "name": ..., '
+                                  '"schema": {...}}', field="text.format")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc.server import run_request as rr
 from mlc.server.auth import bearer_scheme
+from mlc.server.lenient import LenientRoute
 from mlc.server.protocol.anthropic import (
     AnthropicError,
     CountTokensRequest,
@@ -41,7 +42,8 @@ PREFIX = "/v1/messages"
 ANTHROPIC_ERRORS = {status: {"model": AnthropicError, "description": doc["description"].replace(
     "`error.param` names", "`error.message` starts with")} for status, doc in ERROR_RESPONSES.items()}
 
-router = APIRouter(tags=["Anthropic Messages"], dependencies=[Security(bearer_scheme)], responses=ANTHROPIC_ERRORS)
+router = APIRouter(tags=["Anthropic Messages"], dependencies=[Security(bearer_scheme)], responses=ANTHROPIC_ERRORS,
+                   route_class=LenientRoute)
 
 
 def stop_matcher(run: ChatRun, stops: list[str] | None):

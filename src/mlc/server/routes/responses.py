@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
 from mlc.server.auth import bearer_scheme
+from mlc.server.lenient import LenientRoute
 from mlc.server.protocol.responses import (
     CreateResponseRequest,
     DeletedResponse,
@@ -40,7 +41,8 @@ from mlc.server.routes.responses_format import (
 
 NOT_STORED: dict[int | str, dict[str, Any]] = {404: {"model": ErrorResponse, "description": (
     "No stored response with this id: never stored (store: false), deleted, or evicted (in memory, bounded).")}}
-router = APIRouter(tags=["Responses"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["Responses"], dependencies=[Security(bearer_scheme)], responses=ERROR_RESPONSES,
+                   route_class=LenientRoute)
 
 
 def store_of(request: Request) -> ResponseStore:
