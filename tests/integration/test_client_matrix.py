@@ -1,8 +1,9 @@
 """The client matrix: a real `mlc-cli serve` on the default model, driven by the clients users install from PyPI
 (openai: chat, streaming, tools, structured outputs, Responses whole and streamed, a two-turn previous_response_id;
-anthropic: messages, streaming, a tool round trip, count_tokens). Each asserts the content it gets back: the same
-greedy answer through every API (they share one engine path), a fact the model knows, arguments valid for the
-tool's schema, JSON valid for the schema."""
+the OpenAI Agents SDK on its Responses model with a function tool; anthropic: messages, streaming, a tool round trip,
+count_tokens; langchain-openai: invoke, stream, bind_tools, with_structured_output). Each asserts the content it
+gets back: the same greedy answer through every API (they share one engine path), a fact the model knows, arguments
+valid for the tool's schema, JSON valid for the schema."""
 
 from __future__ import annotations
 
@@ -109,3 +110,43 @@ def test_anthropic_messages_streaming_tools_and_count(claude, answer):
     second = claude.messages.create(model=MODEL, max_tokens=24, messages=history, tools=[CLAUDE_TOOL],
                                     extra_body={"temperature": 0})
     assert second.content and (second.content[0].type == "tool_use" or second.content[0].text.strip())
+
+
+def test_openai_agents_sdk_on_its_default_responses_model_with_a_function_tool(server):
+    """The Agents SDK's own loop over /v1/responses: the model must call the tool (required), the SDK runs it and
+    stops on its result."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # no trace export: nothing leaves 127.0.0.1
+    calls = []
+
+    @function_tool
+    def get_weather(city: str, days: int) -> str:
+        """Current weather in a city."""
+        calls.append((city, days))
+        return f"sunny in {city} for {days} days"
+
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="none")
+    agent = Agent(name="weather", instructions="Answer with the tool.", tools=[get_weather],
+                  model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=80),
+                  tool_use_behavior="stop_on_first_tool")
+    result = Runner.run_sync(agent, ASK[0]["content"])
+    assert len(calls) == 1 and isinstance(calls[0][0], str) and 1 <= calls[0][1] <= 7
+    assert result.final_output == f"sunny in {calls[0][0]} for {calls[0][1]} days"
+
+
+def test_langchain_openai_invoke_stream_tools_and_structured_output(server, answer):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=server.url + "/v1", api_key="none", temperature=0, max_tokens=16)
+    assert llm.invoke(QUESTION).content == answer
+    assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == answer
+    roomy = ChatOpenAI(model=MODEL, base_url=server.url + "/v1", api_key="none", temperature=0, max_tokens=120)
+    called = roomy.bind_tools([WEATHER], tool_choice="required").invoke(ASK[0]["content"])
+    (call,) = called.tool_calls[:1]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["args"], WEATHER["function"]["parameters"])
+    structured = roomy.with_structured_output({**PERSON, "title": "person"}, method="json_schema")
+    jsonschema.validate(structured.invoke("Describe a person."), PERSON)
