@@ -93,8 +93,8 @@ def hf_logprobs(hf, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     return torch.log_softmax(torch.stack(steps).float(), dim=-1)
 
 
-def greedy(llm: LLM, batch: list[list[int]]) -> list[list[int]]:
-    params = SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, ignore_eos=True)
+def greedy(llm: LLM, batch: list[list[int]], **extra) -> list[list[int]]:
+    params = SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, ignore_eos=True, **extra)
     return [list(o.outputs[0].token_ids) for o in llm.generate(batch, params)]
 
 

@@ -11,19 +11,13 @@ import pytest
 import torch
 
 from mlc.engine.llm import LLM
-from mlc.engine.sampling_params import SamplingParams
-from tests.numerics.test_decode_parity import ARCHS, DECODE_STEPS, PAGE_SIZE, build_checkpoint, hf_greedy, prompts
+from tests.numerics.test_decode_parity import ARCHS, PAGE_SIZE, build_checkpoint, greedy, hf_greedy, prompts
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
 def spec_prompts(vocab: int) -> list[list[int]]:
     return [p + p[: len(p) // 2] for p in prompts(vocab)]
-
-
-def greedy(llm: LLM, batch: list[list[int]], **extra) -> list[list[int]]:
-    params = SamplingParams(max_tokens=DECODE_STEPS, temperature=0.0, ignore_eos=True, **extra)
-    return [list(o.outputs[0].token_ids) for o in llm.generate(batch, params)]
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))
