@@ -235,3 +235,23 @@ def test_routes_in_openapi_and_metrics(server):
 
 def test_no_tracebacks_in_the_log(server):
     assert "Traceback" not in server.log()
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_bench_serve_drives_the_responses_and_messages_apis(server, tmp_path, api):
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "mlc.cli.main", "bench", "serve", "--url", server.url, "--api", api, "--api-key", KEY,
+         "--concurrency", "1,2", "--num-prompts", "3", "--max-tokens", "4", "--warmup", "1", "--quiet",
+         "--json", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result["api"] == api
+    for level in result["levels"]:
+        assert level["completed"] == 3 and level["failed"] == 0
+        assert 3 <= level["output_tokens"] <= 12 and level["prompt_tokens"] > 0  # the API's own usage counts
+        assert level["ttft_ms"]["count"] == 3

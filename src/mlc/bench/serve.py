@@ -64,6 +64,10 @@ class BenchConfig:
     warmup: int = 1
     seed: int = 0
     request_rate: float | None = None  # requests/s as a Poisson process (None: all at once, as concurrency allows)
+    api: str = "chat"  # which API the requests go to: chat (completions), responses, messages (Anthropic)
+
+
+API_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
 @dataclass
@@ -140,6 +144,12 @@ async def discover_model(client: httpx.AsyncClient, url: str) -> str:
 
 
 def _body(cfg: BenchConfig, model: str, messages: list[dict]) -> dict:
+    if cfg.api == "responses":
+        return {"model": model, "input": messages, "max_output_tokens": cfg.max_tokens,
+                "temperature": cfg.temperature, "stream": True, "store": False}
+    if cfg.api == "messages":
+        return {"model": model, "messages": messages, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
+                "stream": True}
     body = {"model": model, "messages": messages, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
             "stream": True, "stream_options": {"include_usage": True}}
     if cfg.ignore_eos:
@@ -147,14 +157,37 @@ def _body(cfg: BenchConfig, model: str, messages: list[dict]) -> dict:
     return body
 
 
-async def run_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+def read_event(api: str, event: dict, usage: dict) -> tuple[bool, str | None]:
+    """(whether this streamed event carries output text, an error message); token counts go into `usage` as chat's
+    `completion_tokens` / `prompt_tokens`."""
+    kind = event.get("type")
+    if api == "responses":
+        if kind in ("response.completed", "response.incomplete", "response.failed"):
+            got = (event.get("response") or {}).get("usage") or {}
+            usage.update(completion_tokens=got.get("output_tokens"), prompt_tokens=got.get("input_tokens"))
+        error = event.get("message") or (event.get("error") or {}).get("message") if kind == "error" else None
+        return kind == "response.output_text.delta" and bool(event.get("delta")), error
+    if api == "messages":
+        if kind == "message_start":
+            usage["prompt_tokens"] = ((event.get("message") or {}).get("usage") or {}).get("input_tokens")
+        elif kind == "message_delta":
+            usage["completion_tokens"] = (event.get("usage") or {}).get("output_tokens")
+        delta = event.get("delta") or {}
+        error = (event.get("error") or {}).get("message") if kind == "error" else None
+        return kind == "content_block_delta" and delta.get("type") == "text_delta" and bool(delta.get("text")), error
+    usage.update(event.get("usage") or {})
+    error = (event.get("error") or {}).get("message") if event.get("error") else None
+    return any((c.get("delta") or {}).get("content") for c in event.get("choices") or []), error
+
+
+async def run_one(client: httpx.AsyncClient, url: str, body: dict, api: str = "chat") -> RequestResult:
     start = time.perf_counter()
     ttft: float | None = None
     last: float | None = None  # when the latest content chunk came
     itl: list[float] = []
-    chunks, usage = 0, None
+    chunks, usage = 0, {}
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        async with client.stream("POST", url + API_PATHS[api], json=body) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode("utf-8", "replace")
                 return RequestResult(False, time.perf_counter() - start, error=f"HTTP {r.status_code}: {text[:200]}")
@@ -164,12 +197,10 @@ async def run_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestRes
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                event = json.loads(data)
-                if event.get("error"):
-                    return RequestResult(False, time.perf_counter() - start,
-                                         error=f"stream error: {event['error'].get('message')}")
-                usage = event.get("usage") or usage
-                if any((c.get("delta") or {}).get("content") for c in event.get("choices") or []):
+                text, error = read_event(api, json.loads(data), usage)
+                if error is not None:
+                    return RequestResult(False, time.perf_counter() - start, error=f"stream error: {error}")
+                if text:
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
@@ -180,10 +211,10 @@ async def run_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestRes
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         return RequestResult(False, time.perf_counter() - start, error=f"{type(e).__name__}: {e}")
     e2e = time.perf_counter() - start
-    tokens = (usage or {}).get("completion_tokens") or chunks
+    tokens = usage.get("completion_tokens") or chunks
     if ttft is None or tokens == 0:
         return RequestResult(False, e2e, error="HTTP 200 with an empty completion")
-    return RequestResult(True, e2e, ttft, itl, tokens, (usage or {}).get("prompt_tokens") or 0)
+    return RequestResult(True, e2e, ttft, itl, tokens, usage.get("prompt_tokens") or 0)
 
 
 def _good(r: RequestResult, cfg: BenchConfig) -> bool:
@@ -232,7 +263,7 @@ async def run_level(client: httpx.AsyncClient, url: str, bodies: list[dict], con
 
     async def limited(body: dict, arrived: float) -> RequestResult:
         async with gate:
-            result = await run_one(client, url, body)
+            result = await run_one(client, url, body, cfg.api)
         waited = time.perf_counter() - arrived - result.e2e
         if cfg.request_rate and waited > 0:  # queueing on the client side is part of what the user sees
             result.e2e += waited
@@ -264,7 +295,7 @@ async def run_bench(cfg: BenchConfig, on_level=None, on_request=None) -> tuple[s
         model = cfg.model or await discover_model(client, url)
         rng = random.Random(cfg.seed)
         for _ in range(cfg.warmup):
-            warm = await run_one(client, url, _body(cfg, model, prompts[0]))
+            warm = await run_one(client, url, _body(cfg, model, prompts[0]), cfg.api)
             if not warm.ok:
                 raise InvalidRequestError(f"the warm-up request failed: {warm.error}")
         reports = []
@@ -280,7 +311,7 @@ async def run_bench(cfg: BenchConfig, on_level=None, on_request=None) -> tuple[s
 def to_json(cfg: BenchConfig, model: str, reports: list[LevelReport]) -> dict:
     return {
         "url": base_url(cfg.url), "model": model, "dataset": cfg.dataset, "max_tokens": cfg.max_tokens,
-        "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos,
+        "temperature": cfg.temperature, "ignore_eos": cfg.ignore_eos, "api": cfg.api,
         "slo": {"ttft_ms": cfg.slo_ttft_ms, "tpot_ms": cfg.slo_tpot_ms}, "request_rate": cfg.request_rate,
         "levels": [r.as_dict() for r in reports],
     }

@@ -84,16 +84,24 @@ def register(bench_app: typer.Typer) -> None:
             help="Write PNG plots with this path prefix: PREFIX-throughput.png, PREFIX-latency.png (TTFT and TPOT "
                  "p50/p99 against concurrency) and PREFIX-latency-cdf.png.")] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+        api: Annotated[str, typer.Option(
+            help="The API the requests go to: chat (/v1/chat/completions), responses (/v1/responses) or messages "
+                 "(Anthropic's /v1/messages); the same prompts, streamed.")] = "chat",
     ) -> None:
         """Measure TTFT, TPOT, ITL, E2E, throughput and goodput of a running OpenAI-compatible server."""
         from mlc.bench.serve import BenchConfig, run_bench, to_json
 
+        if api not in ("chat", "responses", "messages"):
+            raise InvalidRequestError(f"--api {api!r}: use chat, responses or messages", field="api")
+        if ignore_eos and api != "chat":
+            raise InvalidRequestError("--ignore-eos is a chat completions extension; use it with --api chat",
+                                      field="ignore_eos")
         key = api_key or next(iter(k.strip() for k in os.environ.get("MLC_API_KEY", "").split(",") if k.strip()), None)
         cfg = BenchConfig(url=url, concurrency=parse_levels(concurrency), num_prompts=num_prompts,
                           max_tokens=max_tokens, dataset=dataset, model=model, api_key=key, temperature=temperature,
                           ignore_eos=ignore_eos,
                           slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, timeout_s=timeout, warmup=warmup,
-                          request_rate=request_rate, seed=seed)
+                          request_rate=request_rate, seed=seed, api=api)
         if request_rate is not None and request_rate <= 0:
             raise InvalidRequestError(f"--request-rate {request_rate}: give a positive number of requests per second")
 
