@@ -157,7 +157,7 @@ def _body(cfg: BenchConfig, model: str, messages: list[dict]) -> dict:
     return body
 
 
-def read_event(api: str, event: dict, usage: dict) -> tuple[bool, str | None]:
+def read_event(api: str, event: dict, usage: dict[str, int | None]) -> tuple[bool, str | None]:
     """(whether this streamed event carries output text, an error message); token counts go into `usage` as chat's
     `completion_tokens` / `prompt_tokens`."""
     kind = event.get("type")
@@ -185,7 +185,8 @@ async def run_one(client: httpx.AsyncClient, url: str, body: dict, api: str = "c
     ttft: float | None = None
     last: float | None = None  # when the latest content chunk came
     itl: list[float] = []
-    chunks, usage = 0, {}
+    chunks = 0
+    usage: dict[str, int | None] = {}
     try:
         async with client.stream("POST", url + API_PATHS[api], json=body) as r:
             if r.status_code != 200:
@@ -197,10 +198,10 @@ async def run_one(client: httpx.AsyncClient, url: str, body: dict, api: str = "c
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                text, error = read_event(api, json.loads(data), usage)
+                has_text, error = read_event(api, json.loads(data), usage)
                 if error is not None:
                     return RequestResult(False, time.perf_counter() - start, error=f"stream error: {error}")
-                if text:
+                if has_text:
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
