@@ -100,26 +100,69 @@ def _interleave(servers: list, index: int) -> list:
     return servers if index % 2 == 0 else list(reversed(servers))
 
 
-def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenizer, progress) -> dict:
-    """Every workload on every server; returns {workload: {label: result dict}}."""
-    rng = random.Random(cfg.seed)
-    prompts = load_prompts("builtin")
-    chats = [prompts[rng.randrange(len(prompts))] for _ in range(cfg.num_prompts)]
-    text = long_text()
-    results: dict[str, dict] = {"concurrency": {}, "request_rate": {}, "prefill": {}, "shared_prefix": {}}
-    mid = {s.spec.label: httpx.get(s.spec.url + "/v1/models", timeout=30).json()["data"][0]["id"] for s in servers}
-    for s in servers:  # whole requests, as measured: first-request costs stay out of the first level
+def model_ids(servers: list[peers.RunningServer]) -> dict[str, str]:
+    """Each server's model id, as its /v1/models names it."""
+    return {s.spec.label: httpx.get(s.spec.url + "/v1/models", timeout=30).json()["data"][0]["id"] for s in servers}
+
+
+def warm_up(servers: list[peers.RunningServer], mid: dict[str, str], chats: list, max_tokens: int) -> None:
+    """Whole requests, as measured, so first-request costs stay out of the first level; then the machine settles."""
+    for s in servers:
         for m in chats[:WARM_REQUESTS]:
-            asyncio.run(_warm(s.spec.url, _chat(mid[s.spec.label], m, cfg.max_tokens), cfg.max_tokens))
+            asyncio.run(_warm(s.spec.url, _chat(mid[s.spec.label], m, max_tokens), max_tokens))
     time.sleep(SETTLE_S)  # a server's worker threads may spin for a while after its last request
-    step = 0
-    for level in cfg.concurrency:
+
+
+def run_levels(cfg: CompareConfig, servers: list[peers.RunningServer], mid: dict[str, str], chats: list,
+               levels: list[int], progress, step: int = 0) -> dict[str, list[dict]]:
+    """The chats at each concurrency level on every server, interleaved: {label: [level report, ...]}."""
+    out: dict[str, list[dict]] = {}
+    for level in levels:
         for s in _interleave(servers, step):
             bodies = [_chat(mid[s.spec.label], m, cfg.max_tokens) for m in chats]
             rep = asyncio.run(_level(s.spec.url, bodies, level, _bench_cfg(cfg, s.spec.url)))
-            results["concurrency"].setdefault(s.spec.label, []).append(rep.as_dict())
+            out.setdefault(s.spec.label, []).append(rep.as_dict())
             progress(f"{s.spec.label}: concurrency {level}: {rep.output_tok_s:.1f} tok/s, {rep.failed} failed")
         step += 1
+    return out
+
+
+def run_prefill(cfg: CompareConfig, servers: list[peers.RunningServer], mid: dict[str, str], long: str, progress,
+                step: int = 0) -> dict[str, dict]:
+    """One long prompt (`long`), max_tokens 1, three times per server: prompt tokens/s from the best TTFT."""
+    out: dict[str, dict] = {}
+    for s in _interleave(servers, step):
+        runs = []
+        for i in range(3):  # a distinct first line each time: no server can answer from its prompt cache
+            doc = f"Document {i + 1} of 3.\n{long}\n\nSummarize it."
+            body = _chat(mid[s.spec.label], [{"role": "user", "content": doc}], 1)
+            runs.append(asyncio.run(_level(s.spec.url, [body], 1, _bench_cfg(cfg, s.spec.url))).as_dict())
+        ttfts = [r["ttft_ms"]["p50"] for r in runs if r["completed"]]
+        tokens = runs[0]["prompt_tokens"]
+        best = min(ttfts) if ttfts else None
+        out[s.spec.label] = {"prompt_tokens": tokens, "ttft_ms_runs": ttfts,
+                             "prompt_tok_s": tokens / best * 1000 if best else None}
+        progress(f"{s.spec.label}: prefill of {tokens} tokens: best TTFT {best or float('nan'):.0f} ms")
+    return out
+
+
+def chat_prompts_for(cfg: CompareConfig) -> tuple[list, list]:
+    """(the builtin prompt set, `num_prompts` chats drawn from it with the run's seed)."""
+    rng = random.Random(cfg.seed)
+    prompts = load_prompts("builtin")
+    return prompts, [prompts[rng.randrange(len(prompts))] for _ in range(cfg.num_prompts)]
+
+
+def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenizer, progress) -> dict:
+    """Every workload on every server; returns {workload: {label: result dict}}."""
+    rng = random.Random(cfg.seed + 1)
+    prompts, chats = chat_prompts_for(cfg)
+    text = long_text()
+    results: dict[str, dict] = {"concurrency": {}, "request_rate": {}, "prefill": {}, "shared_prefix": {}}
+    mid = model_ids(servers)
+    warm_up(servers, mid, chats, cfg.max_tokens)
+    results["concurrency"] = run_levels(cfg, servers, mid, chats, cfg.concurrency, progress)
+    step = len(cfg.concurrency)
     if cfg.request_rate:
         for s in _interleave(servers, step):
             bodies = [_chat(mid[s.spec.label], m, cfg.max_tokens) for m in chats]
@@ -130,18 +173,7 @@ def run_servers(cfg: CompareConfig, servers: list[peers.RunningServer], tokenize
                      f"p99 {rep.ttft_ms.p99:.0f} ms")
         step += 1
     long = words_for_tokens(text, cfg.prefill_tokens, tokenizer)
-    for s in _interleave(servers, step):
-        runs = []
-        for i in range(3):  # a distinct first line each time: no server can answer from its prompt cache
-            doc = f"Document {i + 1} of 3.\n{long}\n\nSummarize it."
-            body = _chat(mid[s.spec.label], [{"role": "user", "content": doc}], 1)
-            runs.append(asyncio.run(_level(s.spec.url, [body], 1, _bench_cfg(cfg, s.spec.url))).as_dict())
-        ttfts = [r["ttft_ms"]["p50"] for r in runs if r["completed"]]
-        tokens = runs[0]["prompt_tokens"]
-        best = min(ttfts) if ttfts else None
-        results["prefill"][s.spec.label] = {"prompt_tokens": tokens, "ttft_ms_runs": ttfts,
-                                            "prompt_tok_s": tokens / best * 1000 if best else None}
-        progress(f"{s.spec.label}: prefill of {tokens} tokens: best TTFT {best or float('nan'):.0f} ms")
+    results["prefill"] = run_prefill(cfg, servers, mid, long, progress, step)
     step += 1
     system = words_for_tokens(text, cfg.shared_prefix_tokens, tokenizer)
     questions = [p[0]["content"] for p in prompts][: cfg.shared_requests]

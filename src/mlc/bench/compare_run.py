@@ -66,6 +66,21 @@ def run_offline_peers(cfg: CompareConfig, progress) -> dict:
     return out
 
 
+def start_server(stack: ExitStack, spec: peers.ServerSpec, notes: list[str], progress) -> peers.RunningServer:
+    """Start `spec` inside `stack`; a llama-server that crashes while starting (its repacked weight layouts on some
+    CPUs) is started again with --no-repack, and `notes` says so."""
+    progress(f"starting {spec.label}")
+    try:
+        return stack.enter_context(peers.RunningServer(spec))
+    except peers.ServerStartError as e:
+        if not (e.crashed and spec.label.startswith("llama-server")):
+            raise
+        notes.append(f"{spec.label} crashed while starting (signal {e.signal}, log {spec.log}); it ran "
+                     "with --no-repack instead (its repacked CPU weight layouts crash on this CPU)")
+        progress(notes[-1])
+        return stack.enter_context(peers.RunningServer(peers.without_repacking(spec)))
+
+
 def run_compare(cfg: CompareConfig, progress=print) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
@@ -88,19 +103,9 @@ def run_compare(cfg: CompareConfig, progress=print) -> dict:
     with ExitStack() as stack:
         running = []
         for spec in specs:
-            progress(f"starting {spec.label}")
-            try:
-                srv = stack.enter_context(peers.RunningServer(spec))
-            except peers.ServerStartError as e:
-                if not (e.crashed and spec.label.startswith("llama-server")):
-                    raise
-                retry = peers.without_repacking(spec)
-                notes.append(f"{spec.label} crashed while starting (signal {e.signal}, log {spec.log}); it ran "
-                             "with --no-repack instead (its repacked CPU weight layouts crash on this CPU)")
-                progress(notes[-1])
-                spec = retry
-                srv = stack.enter_context(peers.RunningServer(spec))
-            result["servers"][spec.label] = {"argv": spec.argv, "startup_s": srv.startup_s, "log": str(spec.log)}
+            srv = start_server(stack, spec, notes, progress)
+            result["servers"][srv.spec.label] = {"argv": srv.spec.argv, "startup_s": srv.startup_s,
+                                                 "log": str(srv.spec.log)}
             running.append(srv)
         from mlc.models.store import resolve_model_dir
         from mlc.models.tokenizer import load_tokenizer

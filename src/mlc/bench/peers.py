@@ -126,6 +126,27 @@ class RunningServer:
         raise ServerStartError(
             f"{self.spec.label} did not become healthy within {self.timeout:.0f}s; see {self.spec.log}")
 
+    def peak_rss_bytes(self) -> int | None:
+        """The server's peak resident memory so far: VmHWM of its process plus that of each live descendant (a
+        tensor-parallel worker, a launcher's child); None once it has exited or where /proc cannot tell."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        total, todo, seen = 0, [self.proc.pid], set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                total += next(int(ln.split()[1]) * 1024 for ln in status.splitlines() if ln.startswith("VmHWM:"))
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, StopIteration, ValueError):
+                if pid == self.proc.pid:
+                    return None
+        return total
+
     def __exit__(self, *exc) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return

@@ -111,7 +111,8 @@ def info_cmd(name: str = typer.Argument(..., help="A model in the store.")) -> N
 @models_app.command("synth")
 def synth_cmd(
     arch: str = typer.Argument(..., help="llama, glm4 or glm4moe."),
-    size: str = typer.Option(..., "--size", help="llama: 135M, 1B, 3B, 8B; glm4: 1.5B, 9B; glm4moe: 2B."),
+    size: str = typer.Option(..., "--size", help="llama: 135M, 360M, 1B, 3B, 8B; glm4: 0.5B, 1.5B, 3B, 9B; "
+                                                 "glm4moe: 2B."),
     quant: str = typer.Option("Q4_0", "--quant", help="F16, F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (from normal weights); "
                               "Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (random blocks); or a llama-quantize mix such as "
                               "Q4_K_M or Q5_K_M (needs llama-quantize: --llama-quantize, or the one `bench compare` "
@@ -131,21 +132,15 @@ def synth_cmd(
     active = f" ({shape.params(active=True) / 1e9:.2f}B read per token)" if shape.experts else ""
     console.print(f"{arch} {size} ({shape.like}): {shape.params() / 1e9:.2f}B parameters{active}, {quant} -> {path}",
                   highlight=False)
-    mix = quant.upper() in synth.MIXES
-    tool = _llama_quantize(llama_quantize) if mix else None
-    source = path.with_name(path.stem + "-F16.gguf") if mix else path
+    tool = _llama_quantize(llama_quantize) if quant.upper() in synth.MIXES else None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("writing", total=None)
-        synth.write_synthetic(shape, "F16" if mix else quant.upper(), source, seed,
-                              lambda done, total, name: bar.update(task, completed=done, total=total,
-                                                                   description=f"writing {name}"))
-    if tool is not None:
-        console.print(f"llama-quantize {quant.upper()} ...", highlight=False)
-        synth.quantize_mix(source, quant.upper(), path, tool)
-        source.unlink()
+        synth.synthesize(shape, quant, path, seed, tool,
+                         lambda done, total, name: bar.update(task, completed=done, total=total,
+                                                              description=f"writing {name}"))
     console.print(f"wrote {path} ({_size(path.stat().st_size)})", highlight=False)
 
 

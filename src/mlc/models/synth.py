@@ -65,11 +65,16 @@ class Shape:
 
 SHAPES = {
     "llama-135M": Shape("llama", 576, 30, 9, 3, 64, 1536, 49152, True, 100000.0, "SmolLM2-135M"),
+    "llama-360M": Shape("llama", 960, 32, 15, 5, 64, 2560, 49152, True, 100000.0, "SmolLM2-360M"),
     "llama-1B": Shape("llama", 2048, 16, 32, 8, 64, 8192, 128256, True, 500000.0, "Llama-3.2-1B"),
     "llama-3B": Shape("llama", 3072, 28, 24, 8, 128, 8192, 128256, True, 500000.0, "Llama-3.2-3B"),
     "llama-8B": Shape("llama", 4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0, "Llama-3.1-8B"),
+    "glm4-0.5B": Shape("glm4", 1024, 16, 8, 2, 128, 3584, 151552, False, 10000.0,
+                       "GLM-4-9B-0414 at quarter width, 16 layers", rope_dim=64, bias=True),
     "glm4-1.5B": Shape("glm4", 2048, 24, 16, 2, 128, 4096, 151552, False, 10000.0,
                        "GLM-4-9B-0414 at half width, 24 layers", rope_dim=64, bias=True),
+    "glm4-3B": Shape("glm4", 4096, 10, 32, 2, 128, 13696, 151552, False, 10000.0,
+                     "GLM-4-9B-0414 at its width, 10 of its 40 layers", rope_dim=64, bias=True),
     "glm4-9B": Shape("glm4", 4096, 40, 32, 2, 128, 13696, 151552, False, 10000.0, "GLM-4-9B-0414", rope_dim=64,
                      bias=True),
     "glm4moe-2B": Shape("glm4moe", 2048, 12, 16, 4, 128, 5632, 151552, False, 1000000.0,
@@ -279,3 +284,20 @@ def quantize_mix(source: Path, mix: str, out: Path, llama_quantize: Path) -> Pat
         tail = (run.stderr or run.stdout).strip().splitlines()[-3:]
         raise ConfigError(f"llama-quantize {preset} failed: {' | '.join(tail)}")
     return out
+
+
+def synthesize(shape: Shape, quant: str, path: Path, seed: int = 0, llama_quantize: Path | None = None,
+               progress: Callable[[int, int, str], None] | None = None) -> Path:
+    """`path` as a random-weight GGUF of `shape` in `quant`: written directly, or for a llama-quantize mix (which
+    needs `llama_quantize`) written as F16 beside it first, quantized, and the F16 file removed."""
+    quant = quant.upper()
+    if quant not in MIXES:
+        return write_synthetic(shape, quant, path, seed, progress)
+    if llama_quantize is None:
+        raise ConfigError(f"{quant} is a llama-quantize mix: it needs llama.cpp's llama-quantize")
+    source = path.with_name(path.stem + "-F16.gguf")
+    try:
+        write_synthetic(shape, "F16", source, seed, progress)
+        return quantize_mix(source, quant, path, llama_quantize)
+    finally:
+        source.unlink(missing_ok=True)

@@ -19,13 +19,13 @@ from mlc.errors import InvalidRequestError
 console = Console()
 
 
-def parse_levels(text: str) -> list[int]:
+def parse_levels(text: str, flag: str = "--concurrency") -> list[int]:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InvalidRequestError(f"--concurrency {text!r}: write integers separated by commas, e.g. 1,8,32") from None
+        raise InvalidRequestError(f"{flag} {text!r}: write integers separated by commas, e.g. 1,8,32") from None
     if not levels or min(levels) < 1:
-        raise InvalidRequestError(f"--concurrency {text!r}: every level must be at least 1")
+        raise InvalidRequestError(f"{flag} {text!r}: every value must be at least 1")
     return levels
 
 
