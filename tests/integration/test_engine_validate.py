@@ -53,3 +53,14 @@ def test_a_request_larger_than_the_cache_is_refused(engine):
     pages = engine.page_manager.usable_pages
     err = refused(engine, [1] * 16, SamplingParams(max_new_tokens=pages * 16))
     assert isinstance(err, RequestTooLargeError) and "raise --kv-cache-memory" in err.message
+
+
+def test_n_samples_are_counted_against_the_cache_sharing_the_prompts_full_pages(engine):
+    pages = engine.page_manager.usable_pages  # 64 KiB of the tiny model's pages
+    prompt = [1] * 32  # two full pages, shared by every sample
+    each = (pages - 2) // 3  # pages each of 3 samples may add
+    engine.validate(prompt, SamplingParams(max_new_tokens=each * 16, n=3))
+    err = refused(engine, prompt, SamplingParams(max_new_tokens=each * 16 + 16, n=3))
+    assert isinstance(err, RequestTooLargeError) and f"for its 3 samples but the cache holds {pages}" in err.message
+    assert "or lower n" in err.message
+    engine.validate(prompt, SamplingParams(max_new_tokens=each * 16 + 16, n=1))  # one sample of it fits

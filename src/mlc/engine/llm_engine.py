@@ -106,9 +106,11 @@ class LLMEngine:
         self.max_batch_size = self.cache_plan.max_batch_size
         self.weights = describe_weights(model) + (f"; tensor parallel {ranks}" if ranks > 1 else "")
         plan = self.cache_plan
-        log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s); max_batch_size %d%s",
+        log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s%s); max_batch_size %d%s",
                  self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20,
-                 str(cache_dtype).removeprefix("torch."), self.max_batch_size,
+                 str(cache_dtype).removeprefix("torch."),
+                 f", capped at what the batch can use of a {plan.budget_bytes / 2**20:.0f} MiB budget; "
+                 "--kv-cache-memory sets it" if plan.capped_by_need else "", self.max_batch_size,
                  " (sized from the KV budget)" if plan.batch_auto else "")
         self.scheduler = Scheduler(
             self.page_manager, self.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,

@@ -56,7 +56,7 @@ class RequestRules:
         if params.grammar is not None:
             self.compile_grammar(params.grammar)
         self._check_context(len(ids), params.max_new_tokens, context, context_source)
-        self._check_pages(len(ids) + params.max_new_tokens, params.full_kv)
+        self._check_pages(len(ids), params.max_new_tokens, params.n, params.full_kv)
 
     def _check_context(self, prompt: int, completion: int, context: int | None, source: str) -> None:
         limit = min(context or self.max_seq_len, self.max_seq_len)
@@ -70,12 +70,17 @@ class RequestRules:
             raise ContextLengthError(f"prompt ({prompt} tokens) + max_new_tokens ({completion}) exceeds {source}; "
                                      f"lower max_new_tokens to at most {room}", field="max_new_tokens")
 
-    def _check_pages(self, tokens: int, full_kv: bool) -> None:
-        entries = tokens
+    def _check_pages(self, prompt: int, completion: int, n: int, full_kv: bool) -> None:
+        """All `n` samples at full length must fit the cache at once: they share the prompt's full pages and each
+        needs the rest of its own (a request the pool can never hold would wait, or be preempted, for ever)."""
+        tokens = prompt + completion
         if self.sparse is not None and not full_kv:
-            entries = self.sparse.policy.max_entries(tokens, self.step_tokens)
-        need = self.pages.pages_for(entries)
+            need = n * self.pages.pages_for(self.sparse.policy.max_entries(tokens, self.step_tokens))
+        else:
+            shared = prompt // self.pages.page_size if n > 1 else 0
+            need = shared + n * (self.pages.pages_for(tokens) - shared)
         if need > self.pages.usable_pages:
-            raise RequestTooLargeError(f"this request needs {need} KV pages but the cache holds "
-                                       f"{self.pages.usable_pages}; raise --kv-cache-memory or shorten the request",
-                                       field="max_new_tokens")
+            samples = f" for its {n} samples" if n > 1 else ""
+            raise RequestTooLargeError(f"this request needs {need} KV pages{samples} but the cache holds "
+                                       f"{self.pages.usable_pages}; raise --kv-cache-memory or shorten the request"
+                                       + (" or lower n" if n > 1 else ""), field="max_new_tokens")

@@ -85,6 +85,8 @@ class ServerState:
             log.exception("loading the model failed")
             self._fail(f"{type(e).__name__}: {e}", 1)
             return
+        if llm.kv_cache.device.type == "cpu":  # RSS after start is the RSS for good, not hours later
+            log.info("KV cache pages written once at start: %.0f MiB", llm.kv_cache.touch() / 2**20)
         engine = AsyncEngine(llm, served_name=self.model_id)
         log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
                  time.monotonic() - t0, engine.max_seq_len, engine.num_pages)
