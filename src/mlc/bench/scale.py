@@ -90,7 +90,11 @@ def synthetic_file(cfg: ScaleConfig, rung: str, progress) -> Path:
     progress(f"{rung}: writing a random-weight {cfg.quant} GGUF ({shape.like}) to {path}")
     tool = llama_cpp.tool("llama-quantize") if cfg.quant.upper() in synth.MIXES else None
     partial = path.with_name(path.name + ".partial")
-    synth.synthesize(shape, cfg.quant, partial, cfg.seed, tool)
+    try:
+        synth.synthesize(shape, cfg.quant, partial, cfg.seed, tool)
+    except BaseException:
+        partial.unlink(missing_ok=True)  # a full disk or ^C leaves no half-written file behind
+        raise
     partial.rename(path)
     return path
 

@@ -107,6 +107,14 @@ def register(app: typer.Typer) -> None:
         api_lenient: Annotated[Optional[bool], typer.Option(
             "--api-lenient", help="Ignore request fields the API does not know (named in the x-mlc-ignored-fields "
             "header and the log) instead of a 400.")] = None,
+        max_connections: Annotated[Optional[int], typer.Option(
+            help="Open connections at once; past it new requests get 503 (default 1000).")] = None,
+        header_timeout: Annotated[Optional[float], typer.Option(
+            help="Seconds for a request's line and headers to arrive; a slower client is cut (default 10).")] = None,
+        body_timeout: Annotated[Optional[float], typer.Option(
+            help="Seconds for a request's body to arrive after its headers (default 60).")] = None,
+        keep_alive_timeout: Annotated[Optional[float], typer.Option(
+            help="Seconds an idle keep-alive connection stays open (default 5).")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora",
             help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
@@ -129,7 +137,9 @@ def register(app: typer.Typer) -> None:
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
             "audit_log_content": audit_log_content, "strict_input": strict_input,
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
-            "tool_call_parser": tool_call_parser, "api_lenient": api_lenient,
+            "tool_call_parser": tool_call_parser, "api_lenient": api_lenient, "max_connections": max_connections,
+            "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
+            "keep_alive_timeout_s": keep_alive_timeout,
         }
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)

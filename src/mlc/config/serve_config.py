@@ -73,6 +73,10 @@ class ServeConfig(BaseModel):
     paged_attention: bool = True  # true is the only value: the KV cache is always paged
     tool_call_parser: str | None = None  # glm45, glm4, hermes or llama3_json; null: read from the chat template
     api_lenient: bool = False  # ignore (and name in x-mlc-ignored-fields) request fields the API does not know
+    max_connections: int = Field(1000, ge=1)  # open connections (and requests) at once; past it, new requests get 503
+    header_timeout_s: float = Field(10.0, gt=0)  # a request's line and headers must arrive within this; else closed
+    body_timeout_s: float = Field(60.0, gt=0)  # its body within this after the headers; else closed
+    keep_alive_timeout_s: float = Field(5.0, gt=0)  # an idle keep-alive connection is closed after this
 
     @classmethod
     def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:

@@ -16,6 +16,7 @@ import uvicorn
 from mlc.config.serve_config import ServeConfig
 from mlc.engine.sequence import FinishReason
 from mlc.server.app import create_app
+from mlc.server.connections import guarded_protocol
 from mlc.server.observability.hooks import HooksConfig
 from mlc.server.state import ServerState
 
@@ -61,8 +62,13 @@ def build_server(config: ServeConfig, hooks: HooksConfig | None = None, log_leve
     """The uvicorn server for `config` (raises ConfigError for an unusable audit log before anything listens)."""
     app = create_app(config, hooks)
     state: ServerState = app.state.mlc
+    protocol = guarded_protocol(config.header_timeout_s, config.body_timeout_s, state.metrics.count_closed)
+    if protocol is None:
+        log.warning("httptools is not installed: requests have no header or body deadline (pip install httptools)")
     uv = uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, access_log=access_log,
-                        timeout_graceful_shutdown=5, lifespan="on")
+                        timeout_graceful_shutdown=5, lifespan="on", http=protocol or "auto",
+                        limit_concurrency=config.max_connections,
+                        timeout_keep_alive=config.keep_alive_timeout_s)  # type: ignore[arg-type]  # call_later's
     server = GracefulServer(uv, state, config.shutdown_grace_s)
 
     def fatal() -> None:

@@ -113,6 +113,12 @@ class ServerMetrics:
         self.api_requests = Counter("mlc:api_requests", "HTTP requests to the API by route (its path template: "
                                     "/v1/chat/completions, /v1/responses, /v1/messages, ...) and status.",
                                     labels + ["route", "status"], registry=r)
+        self.closed = Counter("mlc:connections_closed", "Connections the server cut: a request's head or body that "
+                              "did not arrive in time (--header-timeout, --body-timeout).", labels + ["reason"],
+                              registry=r)
+
+    def count_closed(self, reason: str) -> None:
+        self.closed.labels(self.model, reason).inc()
 
     def watch_engine(self, stats: Callable[[], EngineStats | None], waiting: Callable[[], int], page_size: int):
         self.engine_collector = EngineCollector(self.model, stats, waiting, page_size)
