@@ -7,7 +7,8 @@ import importlib
 
 import typer
 
-COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "spec", "tp"]  # in the order --help lists them
+# in the order --help lists them
+COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "soak", "spec", "tp"]
 
 
 def register(app: typer.Typer) -> None:

@@ -7,12 +7,20 @@ KV usage, prefix cache, preemptions, token counts) are read from `LLMEngine.stat
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -88,10 +96,40 @@ class EngineCollector(Collector):
         yield per_pos
 
 
+def _os_threads() -> int:
+    """Threads the kernel counts for this process (Python's and the compute library's); Python's alone where
+    /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    except (OSError, StopIteration, ValueError):
+        return threading.active_count()
+
+
+class RuntimeCollector:
+    """The server process's own load, what a soak watches for creep: threads and the event loop's asyncio tasks
+    (prometheus_client's process collector beside it gives RSS, open fds and CPU time)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def collect(self):
+        g = GaugeMetricFamily("mlc:server_threads", "Threads of the server process (its compute threads too).")
+        g.add_metric([], _os_threads())
+        yield g
+        if self.loop is not None:
+            t = GaugeMetricFamily("mlc:server_asyncio_tasks", "Tasks on the server's event loop.")
+            t.add_metric([], len(asyncio.all_tasks(self.loop)))
+            yield t
+
+
 class ServerMetrics:
     def __init__(self, model: str):
         self.model = model
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_open_fds, ...
+        self.runtime = RuntimeCollector()
+        self.registry.register(self.runtime)
         self.engine_collector: EngineCollector | None = None
         self.latency = LatencyWindow()  # for the dashboard: exact recent percentiles
         self.history: MetricsHistory | None = None
@@ -123,6 +161,7 @@ class ServerMetrics:
     def watch_engine(self, stats: Callable[[], EngineStats | None], waiting: Callable[[], int], page_size: int):
         self.engine_collector = EngineCollector(self.model, stats, waiting, page_size)
         self.registry.register(self.engine_collector)
+        self.runtime.loop = asyncio.get_running_loop()
         self.history = MetricsHistory(stats, waiting, self.latency)
         self.history.start(asyncio.get_running_loop())  # called on the server's loop once the model is loaded
 
