@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from mlc.bench import peers
+from mlc.bench.soak_clients import Crowd
 from mlc.bench.soak_mix import MixContext, Outcome, closed_loop, send
 
 DRAIN_S = 30.0
@@ -41,6 +42,8 @@ class SoakConfig:
     lora: str | None = None  # an adapter the server serves, added to the mix
     max_rss_growth: float = 0.05
     max_latency_drift: float = 0.2
+    idle_connections: int = 0  # held open beside the mix (reopened when the server cuts them)
+    slow_readers: int = 0  # long streams read a byte a second
     seed: int = 0
 
     @property
@@ -74,8 +77,18 @@ def _metrics(text: str) -> dict[str, float]:
     return out
 
 
+async def _health_ms(client: httpx.AsyncClient, url: str) -> float | None:
+    start = time.monotonic()
+    try:
+        ok = (await client.get(url + "/health", timeout=30)).status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    return 1000 * (time.monotonic() - start) if ok else None
+
+
 async def _sample(client: httpx.AsyncClient, url: str, pid: int | None, t0: float, finished: list[Outcome],
-                  since: int) -> dict:
+                  since: int, crowd: Crowd | None = None) -> dict:
+    health = [await _health_ms(client, url) for _ in range(3)]
     m = _metrics((await client.get(url + "/metrics", timeout=30)).text)
     rss = _proc_rss(pid) if pid is not None else None
     window = [o for o in finished[since:] if o.status == 200 and not o.injected]
@@ -84,7 +97,9 @@ async def _sample(client: httpx.AsyncClient, url: str, pid: int | None, t0: floa
             "waiting": m.get("mlc:num_requests_waiting"), "open_fds": m.get("process_open_fds"),
             "threads": m.get("mlc:server_threads"), "asyncio_tasks": m.get("mlc:server_asyncio_tasks"),
             "finished": len(finished) - since,
-            "ttft_s": [o.ttft for o in window if o.ttft is not None], "tpot_s": [o.tpot for o in window if o.tpot]}
+            "ttft_s": [o.ttft for o in window if o.ttft is not None], "tpot_s": [o.tpot for o in window if o.tpot],
+            "health_ms": [h for h in health if h is not None], "health_failed": health.count(None),
+            **(crowd.stats() if crowd is not None else {})}
 
 
 async def _context(client: httpx.AsyncClient, url: str, cfg: SoakConfig) -> MixContext:
@@ -120,6 +135,12 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
             rate = max(0.05, cfg.load * saturation)
         progress(f"soak: {cfg.duration_s:.0f} s at {rate:.2f} requests/s"
                  + (f" ({cfg.load:.0%} of {saturation:.2f} measured)" if saturation else ""))
+        crowd = None
+        if cfg.idle_connections or cfg.slow_readers:
+            where = httpx.URL(url)
+            crowd = Crowd(where.host, where.port or 80, ctx.model, cfg.idle_connections, cfg.slow_readers)
+            crowd.start()
+            progress(f"holding {cfg.idle_connections} idle connections and {cfg.slow_readers} slow readers")
         finished: list[Outcome] = []
         samples: list[dict] = []
         tasks: set[asyncio.Task] = set()
@@ -129,7 +150,7 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
         while time.monotonic() - t0 < cfg.duration_s:
             now = time.monotonic() - t0
             if now >= next_sample:
-                samples.append(await _sample(client, url, pid, t0, finished, since))
+                samples.append(await _sample(client, url, pid, t0, finished, since, crowd))
                 since = len(finished)
                 next_sample += cfg.sample_s
                 s = samples[-1]
@@ -144,6 +165,8 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
             await asyncio.sleep(max(0.0, min(arrival, next_sample) - (time.monotonic() - t0)))
         if tasks:
             await asyncio.wait(tasks, timeout=600)
+        if crowd is not None:
+            await crowd.stop()
         drained = time.monotonic()
         while time.monotonic() - drained < DRAIN_S:  # the server ends aborted requests and frees their pages
             end = await _sample(client, url, pid, t0, finished, since)

@@ -61,6 +61,13 @@ def check(result: dict, cfg) -> list[dict]:
             a, b = warm[0].get(key), end.get(key)
             ok = None if a is None or b is None else b <= a + slack
             out.append(_inv(f"{key} flat (drained end <= warm-up end + {slack})", ok, f"{a} -> {b}"))
+    health = [h for s in result["samples"] for h in s.get("health_ms", [])]
+    failed = sum(s.get("health_failed", 0) for s in result["samples"])
+    p99 = pct(health, 0.99)
+    crowd = result["samples"][-1].get("idle_cuts") is not None if result["samples"] else False
+    out.append(_inv("/health p99 under 100 ms" + (", beside the idle and slow clients" if crowd else ""),
+                    None if p99 is None else p99 < 100 and not failed,
+                    f"p99 {p99 or 0:.1f} ms over {len(health)} probes, {failed} failed"))
     out += _drift(warm, cfg)
     return out
 

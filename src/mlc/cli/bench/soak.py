@@ -36,6 +36,10 @@ def register(bench_app: typer.Typer) -> None:
         max_rss_growth: Annotated[float, typer.Option(help="Allowed RSS growth after the warm-up.")] = 0.05,
         max_latency_drift: Annotated[float, typer.Option(
             help="Allowed rise of p99 TTFT and TPOT from the first tenth to the last.")] = 0.2,
+        idle_connections: Annotated[int, typer.Option(
+            help="Connections held open without a request, beside the mix (each reopened when cut).")] = 0,
+        slow_readers: Annotated[int, typer.Option(
+            help="Clients that ask for a 256-token stream and read it a byte a second.")] = 0,
         out: Annotated[Optional[Path], typer.Option(
             "--out", help="Directory for soak.json, soak.md, soak.png and the server log "
                           "(default: bench-soak-<time>).")] = None,
@@ -48,12 +52,15 @@ def register(bench_app: typer.Typer) -> None:
         from mlc.bench.soak import SoakConfig, run_soak
         from mlc.errors import InvalidRequestError
 
-        if duration <= 0 or sample <= 0 or not 0 < load <= 1 or (rate is not None and rate <= 0):
-            raise InvalidRequestError("--duration and --sample must be positive, --load in (0, 1], --rate above 0")
+        if duration <= 0 or sample <= 0 or not 0 < load <= 1 or (rate is not None and rate <= 0) or \
+                min(idle_connections, slow_readers) < 0:
+            raise InvalidRequestError("--duration and --sample must be positive, --load in (0, 1], --rate above 0, "
+                                      "--idle-connections and --slow-readers 0 or more")
         out_dir = out or Path(time.strftime("bench-soak-%Y%m%d-%H%M%S"))
         cfg = SoakConfig(out_dir=out_dir, duration_s=duration, url=url.rstrip("/") if url else None, model=model,
                          server_args=list(server_arg or []), rate=rate, load=load, sample_s=sample, warmup_s=warmup,
-                         lora=lora, max_rss_growth=max_rss_growth, max_latency_drift=max_latency_drift, seed=seed)
+                         lora=lora, max_rss_growth=max_rss_growth, max_latency_drift=max_latency_drift,
+                         idle_connections=idle_connections, slow_readers=slow_readers, seed=seed)
         _, ok = run_soak(cfg, progress=lambda msg: console.print(msg, highlight=False))
         console.print(Markdown((out_dir / "soak.md").read_text()))
         console.print(f"wrote {out_dir}/soak.json, {out_dir}/soak.md, {out_dir}/soak.png")
