@@ -186,3 +186,20 @@ def test_drafts_never_preempt_or_hold_back_another_sequence():
     assert [(s.seq, s.num_tokens, s.num_draft) for s in out.scheduled] == [(a, 1, 0), (b, 1, 0)]
     sched.advance(out.scheduled, {}, 0.0)
     check(sched)
+
+
+def test_joined_reads_prompt_and_output_as_one_list_without_copying_them():
+    import random
+
+    from mlc.engine.speculative import Joined
+
+    rng = random.Random(0)
+    for _ in range(200):
+        head = [rng.randrange(50) for _ in range(rng.randrange(0, 6))]
+        tail = [rng.randrange(50) for _ in range(rng.randrange(0, 6))]
+        j, whole = Joined(head, tail), head + tail
+        assert len(j) == len(whole)
+        for a in range(-8, 9):
+            for b in range(-8, 9):
+                assert j[a:b] == whole[a:b]
+        assert j[-3:] == whole[-3:] and j[2:] == whole[2:]

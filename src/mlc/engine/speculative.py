@@ -38,6 +38,31 @@ OFF = "off"  # `Sequence.drafter` of a sequence whose drafting failed: it decode
 log = logging.getLogger("mlc.engine")
 
 
+class Joined:
+    """A prompt and its output read as one token list, by slices, without copying either (a sequence's ids are
+    looked up every step it drafts; joining them would copy the whole context each time)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, s: slice) -> list[int]:
+        start, stop, _ = s.indices(len(self))
+        cut = len(self.head)
+        if stop <= cut:
+            return self.head[start:stop]
+        if start >= cut:
+            return self.tail[start - cut : stop - cut]
+        return self.head[start:] + self.tail[: stop - cut]
+
+
+Tokens = list[int] | Joined
+
+
 class NgramIndex:
     """For each n-gram of a growing token list (n in [lo, hi]), the position just after its latest occurrence
     that has a token after it. Kept up to date incrementally: a step costs a few dict writes per new token."""
@@ -47,7 +72,7 @@ class NgramIndex:
         self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
         self.size = 0
 
-    def extend(self, tokens: list[int]) -> None:
+    def extend(self, tokens: Tokens) -> None:
         # p: a position with a token at it, after an n-gram
         for p in range(max(self.size, 1, len(tokens) - LOOKBACK), len(tokens)):
             for n, m in self.maps.items():
@@ -55,7 +80,7 @@ class NgramIndex:
                     m[tuple(tokens[p - n : p])] = p
         self.size = max(self.size, len(tokens))
 
-    def continuation(self, suffix_of: list[int], source: list[int], k: int) -> list[int]:
+    def continuation(self, suffix_of: Tokens, source: Tokens, k: int) -> list[int]:
         """Up to `k` tokens of `source` that followed the latest occurrence of `suffix_of`'s last n tokens."""
         for n in self.sizes:
             if len(suffix_of) < n:
@@ -138,7 +163,7 @@ class Speculator:
         k = min(state.limit, room)
         if k <= 0:
             return []
-        tokens = seq.all_ids
+        tokens = Joined(seq.prompt_ids, seq.output_ids)
         state.index.extend(tokens)
         draft = state.prediction.continuation(tokens, p.prediction, k) if state.prediction and p.prediction else []
         draft = draft or state.index.continuation(tokens, tokens, k)
