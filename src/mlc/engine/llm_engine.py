@@ -14,11 +14,13 @@ from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.engine.compiled_forward import compile_forward, uncompile
 from mlc.engine.grammar import Grammar, GrammarSpec
 from mlc.engine.kv_cache import KVCache
+from mlc.engine.kv_transfer import KVConnector
 from mlc.engine.memory import size_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.output_processor import OutputProcessor
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.page_manager import PageManager
+from mlc.engine.pd_engine import PDMixin
 from mlc.engine.recovery import Recovery
 from mlc.engine.request import Request
 from mlc.engine.request_rules import RequestRules
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlc.engine")
 
 
-class LLMEngine:
+class LLMEngine(PDMixin):
     def __init__(self, config: EngineConfig | None = None, model: CausalLM | None = None,
                  tokenizer: PreTrainedTokenizerBase | None = None, **overrides: Any) -> None:
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
@@ -117,7 +119,9 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
         self.outputs = OutputProcessor(tokenizer)
-        self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
+        self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout)  # prefill/decode split
+        self.scheduler.on_finish = self.kv.on_finish
+        self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs, self.kv)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
                                   self.page_manager, self.sparse, config.max_num_batched_tokens)
         self.adapters: dict[str, LoRAAdapter] = {}
@@ -196,6 +200,7 @@ class LLMEngine:
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
+        self.kv.abort(request_id)  # a lease or a pending KV import it held
         req = self.outputs.requests.get(request_id)
         if req is None:
             return None
@@ -229,6 +234,7 @@ class LLMEngine:
         """Run one scheduled step. A failure ends only the requests it touched, with finish_reason "error" and
         `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
         (`engine/recovery.py`)."""
+        self.expire_leases()
         try:
             self.speculator.propose(self.scheduler.running)
             plan = self.scheduler.schedule()
