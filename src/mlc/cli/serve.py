@@ -107,6 +107,9 @@ def register(app: typer.Typer) -> None:
         api_lenient: Annotated[Optional[bool], typer.Option(
             "--api-lenient", help="Ignore request fields the API does not know (named in the x-mlc-ignored-fields "
             "header and the log) instead of a 400.")] = None,
+        kv_role: Annotated[Optional[str], typer.Option(
+            "--kv-role", help="Prefill/decode disaggregation: prefill (computes prompts, leases their KV pages), "
+            "decode (pulls them and decodes) or both (default: either, for whoever asks).")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora",
             help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
@@ -129,7 +132,7 @@ def register(app: typer.Typer) -> None:
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
             "audit_log_content": audit_log_content, "strict_input": strict_input,
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
-            "tool_call_parser": tool_call_parser, "api_lenient": api_lenient,
+            "tool_call_parser": tool_call_parser, "api_lenient": api_lenient, "kv_role": kv_role,
         }
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)

@@ -72,6 +72,7 @@ class ServeConfig(BaseModel):
     attn_implementation: Literal["sdpa", "paged"] = "sdpa"  # two names for the one path: SDPA over paged KV
     paged_attention: bool = True  # true is the only value: the KV cache is always paged
     tool_call_parser: str | None = None  # glm45, glm4, hermes or llama3_json; null: read from the chat template
+    kv_role: Literal["both", "prefill", "decode"] = "both"  # prefill/decode disaggregation (server/pd.py)
     api_lenient: bool = False  # ignore (and name in x-mlc-ignored-fields) request fields the API does not know
 
     @classmethod

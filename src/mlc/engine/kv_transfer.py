@@ -37,7 +37,8 @@ class KVHandle:
     pages: dict[str, list[int]]  # KV group -> P's page ids (every group is indexed by the one page table)
     kv_format: str  # fingerprint of the cache layout; D refuses (and recomputes) on a mismatch
     page_size: int
-    address: str = ""  # P's side channel, filled by the server
+    address: str = ""  # P's side channel (its base URL), filled by the router
+    store: str = ""  # P's gloo store (host:port), filled by P's server
     expires_in: float = 0.0  # seconds the lease had left when the handle was made
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import weakref
@@ -336,4 +337,5 @@ class LLMEngine(PDMixin):
             prefix_cache_queries=pm.prefix_queries, prefix_cache_hits=pm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, spec=self.speculator.snapshot(),
+            kv_transfer=dataclasses.replace(self.kv.stats), kv_leases=len(self.kv.leases),
         )
