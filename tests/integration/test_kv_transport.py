@@ -89,3 +89,15 @@ def test_prefill_process_killed_with_pages_leased_makes_the_decoder_recompute(ch
     d.add_request("alone", prompt, greedy())
     assert got == run(d, "alone") and d.kv.stats.imports_recomputed == 1
     assert d.recovery.audit() == []
+
+
+def test_bench_pd_transfer_reports_every_phase(tmp_path):
+    from mlc.bench.pd import run_transfer
+
+    path = build_checkpoint("llama", tmp_path)
+    report = run_transfer(EngineConfig(model=str(path), dtype="fp32", page_size=PAGE_SIZE), context=100, reps=2)
+    assert report.prefilled and report.context_tokens == 100 and report.pages == 7
+    engine_bytes = report.bytes // (report.pages * PAGE_SIZE)
+    assert engine_bytes > 0 and report.bytes == engine_bytes * report.pages * PAGE_SIZE
+    out = report.to_json()
+    assert all(out[k] > 0 for k in ("pack_ms", "gloo_ms", "unpack_ms", "memcpy_ms", "effective_gb_s"))
