@@ -115,7 +115,8 @@ def test_lease_expires_once_and_abort_before_pull_frees_the_pages(tmp_path):
     handle = prefill(p, "z", prompt, greedy())
     pending = d.begin_import("z", prompt, greedy(), handle)
     assert pending is not None
-    d.abort("z")
+    out = d.abort("z")
+    assert out is not None and out.finished and out.outputs[0].finish_reason == "abort"
     assert d.finish_import("z", p.export_kv("z")) == []
     assert d.page_manager.num_free_pages == d.page_manager.usable_pages
     audit(d)

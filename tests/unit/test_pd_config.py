@@ -52,3 +52,30 @@ def test_router_estimates_prompts_and_counts_pools():
     assert 'mlc_pd_pool_in_flight{pool="decode"} 3' in router.metrics_text()
     with pytest.raises(ValueError, match="decode instance"):
         PDRouter(["http://p"], [])
+
+
+def test_router_ends_a_stream_with_an_error_event_when_the_decoder_dies():
+    import asyncio
+
+    import httpx
+
+    class Dying(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+            raise httpx.ReadError("connection reset")
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        assert "x-mlc-kv-handle" not in request.headers  # a short prompt stays on D
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Dying())
+
+    router = PDRouter(["http://p"], ["http://d"])
+    router.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://pd") as client:
+            return await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                   "stream": True})
+
+    r = asyncio.run(go())
+    assert '"Hel"' in r.text and "failed mid-stream" in r.text and r.text.rstrip().endswith("[DONE]")
+    assert router.in_flight["http://d"] == 0 and router.routed["local"] == 1

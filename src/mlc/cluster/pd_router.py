@@ -6,8 +6,9 @@ goes first to the prefill instance with the fewest requests in flight, as a non-
 `x-mlc-kv-prefill: 1`; the handle it answers with (P's URL added) goes with the client's unchanged request to the
 decode instance with the fewest in flight, whose response (stream or not) is the client's. A shorter prompt, a
 prefill that fails, or one that returns no handle goes to the decode instance alone (it prefills itself). Everything
-else (models, tokenize, health) goes to a decode instance. `GET /metrics` answers the router's own counters: the
-requests in flight per pool (its queue depth) and how many went remote or stayed local.
+else (models, tokenize, health) goes to a decode instance. A decode instance that dies mid-stream ends that stream
+with an error event and `[DONE]`; the router's other requests go on. `GET /metrics` answers the router's own
+counters: the requests in flight per pool (its queue depth) and how many went remote or stayed local.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 
 from mlc.server.errors import error_body
 from mlc.server.pd import HANDLE_HEADER, PREFILL_HEADER, decode_handle, encode_handle
+from mlc.server.protocol.streaming import DONE, sse
 
 log = logging.getLogger("mlc.cluster.pd")
 
@@ -128,10 +130,18 @@ class PDRouter:
             return JSONResponse(error_body(f"decode instance {url} is unreachable ({e}); retry",
                                            "service_unavailable", None, "no_replica"), 503)
 
+        streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+
         async def body() -> AsyncIterator[bytes]:
             try:
                 async for chunk in upstream.aiter_raw():
                     yield chunk
+            except httpx.HTTPError as e:  # the decode instance died mid-answer: say so in-band
+                log.warning("decode instance %s failed mid-response: %s", url, e)
+                if streaming:
+                    message = f"the decode instance failed mid-stream ({type(e).__name__}); retry the request"
+                    yield ("\n" + sse(error_body(message, "service_unavailable", None, "replica_failed"))).encode()
+                    yield DONE.encode()
             finally:
                 await upstream.aclose()
                 self.in_flight[url] -= 1

@@ -269,13 +269,6 @@ class KVConnector:
             self.pages.free(seq)
         return pending
 
-    def abort(self, request_id: str) -> bool:
-        """Drop whatever this engine holds for the request (lease or pending import)."""
-        pending = self.pending.pop(request_id, None)
-        if pending is not None:
-            self.pages.free(pending.seq)
-        return self.release(request_id) or pending is not None
-
     # both ---------------------------------------------------------------------------------------------------------
     def holders(self) -> list[Sequence]:
         """Page holders outside the scheduler, for the page audit."""

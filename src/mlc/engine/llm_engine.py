@@ -201,7 +201,7 @@ class LLMEngine(PDMixin):
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
-        self.kv.abort(request_id)  # a lease or a pending KV import it held
+        self.drop_kv(request_id)  # a lease it held; a pending KV import becomes a request to end like any other
         req = self.outputs.requests.get(request_id)
         if req is None:
             return None

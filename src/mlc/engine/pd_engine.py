@@ -60,6 +60,15 @@ class PDMixin:
     def expire_leases(self) -> list[str]:
         return self.kv.expire() if self.kv.leases else []
 
+    def drop_kv(self, request_id: str) -> None:
+        """Before an abort: release the request's lease, and turn a pending import into a request (its pages freed)
+        so that the abort ends it with a final output; bytes arriving later are dropped."""
+        pending = self.kv.pending.pop(request_id, None)
+        if pending is not None:
+            self.kv.pages.free(pending.seq)
+            self.outputs.add(request_id, pending.seq.prompt_ids, pending.seq.params, pending.seq)
+        self.kv.release(request_id)
+
     # D ------------------------------------------------------------------------------------------------------------
     @staticmethod
     def transferable(params: SamplingParams) -> bool:
