@@ -78,6 +78,14 @@ def test_1p1d_greedy_tokens_equal_one_engine(tiny):
     assert d.kv.stats.imports == len(prompts(vocab)) and d.kv.stats.imports_recomputed == 0
 
 
+def test_seeded_sampling_continues_draw_for_draw(tiny):
+    p, d, alone = tiny
+    prompt = prompts(p.model.config.vocab_size)[1]
+    seeded = SamplingParams(max_tokens=STEPS, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    alone.add_request("sa", prompt, seeded)
+    assert pd_generate(p, d, "sd", prompt, seeded) == run(alone, "sa")
+
+
 def test_failed_transfer_recomputes_on_the_decoder(tiny):
     p, d, alone = tiny
     prompt = prompts(p.model.config.vocab_size)[2]

@@ -12,6 +12,7 @@ outside this module; everything here runs on the engine's own thread.
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import time
@@ -40,6 +41,7 @@ class KVHandle:
     address: str = ""  # P's side channel (its base URL), filled by the router
     store: str = ""  # P's gloo store (host:port), filled by P's server
     expires_in: float = 0.0  # seconds the lease had left when the handle was made
+    rng_state: str = ""  # a seeded request's generator after its first draw (base64), so D draws on from there
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,9 +189,10 @@ class KVConnector:
         self.pages.fork(seq, holder)
         self.pages.shrink(holder, prompt)  # just the prompt's pages
         self.leases[seq.request_id] = Lease(holder, time.monotonic() + self.lease_timeout)
+        rng = base64.b64encode(seq.generator.get_state().numpy().tobytes()).decode() if seq.generator else ""
         self.handles[seq.request_id] = KVHandle(
             seq.request_id, prompt, seq.output_ids[0], {g: list(holder.page_table) for g in self.groups()},
-            self.format, self.cache.page_size, expires_in=self.lease_timeout)
+            self.format, self.cache.page_size, expires_in=self.lease_timeout, rng_state=rng)
         self.stats.leases_made += 1
 
     def groups(self) -> list[str]:
@@ -264,6 +267,9 @@ class KVConnector:
             self.stats.bytes_received += buf.numel()
             seq.num_cached = seq.num_cache_entries = len(seq.prompt_ids)
             self.pages.register_full_pages(seq)
+            if seq.generator is not None and pending.handle.rng_state:
+                state = bytearray(base64.b64decode(pending.handle.rng_state))
+                seq.generator.set_state(torch.frombuffer(state, dtype=torch.uint8))
         else:
             self.stats.imports_recomputed += 1
             self.pages.free(seq)
