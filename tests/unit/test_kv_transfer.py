@@ -157,6 +157,11 @@ def test_mismatched_format_or_unfit_request_computes_on_the_decoder(tmp_path):
     handle = prefill(p, "m", prompt, greedy())
     assert d.begin_import("m", prompt, greedy(), handle) is None  # int8 pages cannot take fp32 ones
     assert len(run(d, "m")) == STEPS
+    p.kv.exportable = False  # a tensor-parallel engine: this process holds only its ranks' heads
+    p.prefill_for_transfer("tp", prompt, greedy())
+    run(p, "tp")
+    assert p.kv_handle("tp") is None and not p.kv.leases
+    p.kv.exportable = True
     lp = SamplingParams(max_tokens=3, temperature=0.0, logprobs=1)
     assert d.begin_import("lp", prompt, lp, handle) is None  # the first token's logprob stayed on P
     assert len(run(d, "lp")) == 3

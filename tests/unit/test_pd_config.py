@@ -79,3 +79,11 @@ def test_router_ends_a_stream_with_an_error_event_when_the_decoder_dies():
     r = asyncio.run(go())
     assert '"Hel"' in r.text and "failed mid-stream" in r.text and r.text.rstrip().endswith("[DONE]")
     assert router.in_flight["http://d"] == 0 and router.routed["local"] == 1
+
+
+def test_a_prefill_or_decode_role_with_tensor_parallelism_is_refused():
+    from mlc.config.serve_config import ServeConfig
+
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        ServeConfig(kv_role="decode", engine={"tensor_parallel_size": 2})
+    assert ServeConfig(kv_role="both", engine={"tensor_parallel_size": 2}).kv_role == "both"

@@ -126,4 +126,7 @@ class ServeConfig(BaseModel):
         too_long = [k for k, n in self.context_profiles.items() if limit is not None and n > limit]
         if too_long:
             raise ValueError(f"context profile(s) {', '.join(too_long)} exceed engine.max_seq_len ({limit})")
+        if self.kv_role != "both" and self.engine.tensor_parallel_size > 1:
+            raise ValueError(f"kv_role {self.kv_role} moves one process's KV pages, and tensor parallelism keeps them "
+                             "split over ranks: serve prefill/decode instances with tensor_parallel_size 1")
         return self

@@ -159,8 +159,10 @@ def unpack(cache: KVCache, pages: list[int], buf: torch.Tensor) -> None:
 class KVConnector:
     """Leases (P) and pending imports (D) of one engine."""
 
-    def __init__(self, pages: PageManager, cache: KVCache, lease_timeout: float = 30.0) -> None:
+    def __init__(self, pages: PageManager, cache: KVCache, lease_timeout: float = 30.0,
+                 exportable: bool = True) -> None:
         self.pages, self.cache, self.lease_timeout = pages, cache, lease_timeout
+        self.exportable = exportable  # False under tensor parallelism: this process holds only its ranks' heads
         self.format = kv_format(cache)
         self.holding: set[str] = set()  # P: requests whose pages outlive them
         self.leases: dict[str, Lease] = {}

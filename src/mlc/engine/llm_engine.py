@@ -120,7 +120,8 @@ class LLMEngine(PDMixin):
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
         self.outputs = OutputProcessor(tokenizer)
-        self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout)  # prefill/decode split
+        self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout,  # prefill/decode split
+                              exportable=self.tp_group is None)
         self.scheduler.on_finish = self.kv.on_finish
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs, self.kv)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,

@@ -46,7 +46,8 @@ class PDMixin:
         describes them."""
         params = params or SamplingParams()
         self.add_request(request_id, prompt, KVConnector.prefill_params(params), adapter_id, validated)
-        self.kv.holding.add(request_id)
+        if self.kv.exportable:
+            self.kv.holding.add(request_id)  # else no lease: the decoder computes the prompt itself
 
     def kv_handle(self, request_id: str) -> KVHandle | None:
         return self.kv.handle(request_id)
@@ -84,7 +85,7 @@ class PDMixin:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
         if not validated:
             self.validate(prompt_ids, params)
-        if adapter_id or not self.transferable(params):
+        if adapter_id or not self.transferable(params) or not self.kv.exportable:
             self.add_request(request_id, prompt_ids, params, adapter_id, validated=True)
             return None
         seq = Sequence(request_id, list(prompt_ids), params, max_len=self.max_seq_len)
