@@ -160,7 +160,7 @@ def test_mismatched_format_or_unfit_request_computes_on_the_decoder(tmp_path):
     p.kv.exportable = False  # a tensor-parallel engine: this process holds only its ranks' heads
     p.prefill_for_transfer("tp", prompt, greedy())
     run(p, "tp")
-    assert p.kv_handle("tp") is None and not p.kv.leases
+    assert p.kv_handle("tp") is None and "tp" not in p.kv.leases
     p.kv.exportable = True
     lp = SamplingParams(max_tokens=3, temperature=0.0, logprobs=1)
     assert d.begin_import("lp", prompt, lp, handle) is None  # the first token's logprob stayed on P
