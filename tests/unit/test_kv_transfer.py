@@ -36,6 +36,7 @@ def prefill(p: LLMEngine, rid: str, prompt: list[int], params: SamplingParams) -
 def pd_generate(p: LLMEngine, d: LLMEngine, rid: str, prompt: list[int], params: SamplingParams,
                 fail: bool = False) -> list[int]:
     handle = prefill(p, rid, prompt, params)
+    assert set(handle.pages) == {name for layer in p.kv_cache.layers for name in layer}  # every KV group
     pending = d.begin_import(rid, prompt, params, handle)
     assert pending is not None
     buf = None if fail else p.export_kv(rid, pending.hit_pages)

@@ -198,7 +198,8 @@ class KVConnector:
         self.stats.leases_made += 1
 
     def groups(self) -> list[str]:
-        return sorted(self.cache.layers[0]) if self.cache.layers else []
+        """Every KV group some layer stores (GLM-5: `latent` everywhere, `index_k` on its indexer layers)."""
+        return sorted({name for layer in self.cache.layers for name in layer})
 
     def handle(self, request_id: str) -> KVHandle | None:
         return self.handles.get(request_id)
