@@ -118,9 +118,9 @@ def kv_format(cache: KVCache) -> str:
     return hashlib.sha256("|".join(desc).encode()).hexdigest()[:16]
 
 
-def page_slots(pages: list[int], page_size: int, device: torch.device) -> torch.Tensor:
-    idx = torch.tensor(pages, dtype=torch.long)
-    return (idx[:, None] * page_size + torch.arange(page_size)).reshape(-1).to(device)
+def _paged(t: torch.Tensor, page_size: int) -> torch.Tensor:
+    """A store as [pages, bytes of one page]: whole pages move as single rows."""
+    return t.view(t.shape[0] // page_size, -1)
 
 
 def pack_bytes(cache: KVCache, num_pages: int) -> int:
@@ -134,8 +134,9 @@ def pack(cache: KVCache, pages: list[int]) -> torch.Tensor:
     if not pages:
         return torch.empty(0, dtype=torch.uint8)
     ts = stores(cache)
-    slots = page_slots(pages, cache.page_size, ts[0].device)
-    return torch.cat([t.index_select(0, slots).contiguous().view(torch.uint8).reshape(-1).cpu() for t in ts])
+    idx = torch.tensor(pages, dtype=torch.long, device=ts[0].device)
+    return torch.cat([_paged(t, cache.page_size).index_select(0, idx).view(torch.uint8).reshape(-1).cpu()
+                      for t in ts])
 
 
 @torch.no_grad()
@@ -147,12 +148,12 @@ def unpack(cache: KVCache, pages: list[int], buf: torch.Tensor) -> None:
     if buf.numel() != want:
         raise ValueError(f"KV buffer holds {buf.numel()} bytes, {want} expected for {len(pages)} pages")
     ts = stores(cache)
-    slots = page_slots(pages, cache.page_size, ts[0].device)
+    idx = torch.tensor(pages, dtype=torch.long, device=ts[0].device)
     offset = 0
     for t in ts:
-        n = slots.numel() * t[0].numel() * t.element_size()
-        part = buf[offset:offset + n].to(t.device).view(t.dtype).reshape(slots.numel(), *t.shape[1:])
-        t.index_copy_(0, slots, part)
+        paged = _paged(t, cache.page_size)
+        n = len(pages) * paged.shape[1] * t.element_size()
+        paged.index_copy_(0, idx, buf[offset:offset + n].to(t.device).view(t.dtype).view(len(pages), -1))
         offset += n
 
 
