@@ -22,6 +22,7 @@ ENGINE_COMMANDS = {
     ("bench", "offline"): (),
     ("bench", "tp"): ("tensor_parallel_size",),
     ("bench", "compare"): (),
+    ("bench", "pd", "transfer"): (),
 }
 # Where a command's own option has the spelling, the engine's keeps its others (or --engine-NAME).
 RESPELLED = {("generate",): {"seed": ["--engine-seed"]}, ("chat",): {"seed": ["--engine-seed"]},

@@ -65,6 +65,8 @@ FLAGS: dict[str, Flag] = {
     "enable_prefix_caching": Flag(("--prefix-caching/--no-prefix-caching",
                                    "--enable-prefix-caching/--no-enable-prefix-caching"),
                                   "Reuse the KV pages of a shared prompt prefix."),
+    "kv_lease_timeout": Flag(("--kv-lease-timeout",), "Prefill/decode split: seconds a prefill instance keeps a "
+                             "request's KV pages for its decoder to pull (then frees them; the decoder recomputes)."),
     "enable_chunked_prefill": Flag(("--chunked-prefill/--no-chunked-prefill",
                                     "--enable-chunked-prefill/--no-enable-chunked-prefill"),
                                    "Split long prompts into steps so that decodes keep flowing."),

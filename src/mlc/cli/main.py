@@ -17,7 +17,7 @@ COMMAND_MODULES = [
     "models", "generate", "chat", "serve", "bench",
     "preprocess", "train", "evaluate", "export",
     "plan", "doctor", "compile", "config_cmd",
-    "deploy", "launcher",
+    "deploy", "launcher", "pd",
 ]
 
 app = typer.Typer(

@@ -115,6 +115,9 @@ def register(app: typer.Typer) -> None:
             help="Seconds for a request's body to arrive after its headers (default 60).")] = None,
         keep_alive_timeout: Annotated[Optional[float], typer.Option(
             help="Seconds an idle keep-alive connection stays open (default 5).")] = None,
+        kv_role: Annotated[Optional[str], typer.Option(
+            "--kv-role", help="Prefill/decode disaggregation: prefill (computes prompts, leases their KV pages), "
+            "decode (pulls them and decodes) or both (default: either, for whoever asks).")] = None,
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora",
             help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
@@ -139,7 +142,7 @@ def register(app: typer.Typer) -> None:
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
             "tool_call_parser": tool_call_parser, "api_lenient": api_lenient, "max_connections": max_connections,
             "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
-            "keep_alive_timeout_s": keep_alive_timeout,
+            "keep_alive_timeout_s": keep_alive_timeout, "kv_role": kv_role,
         }
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)

@@ -17,7 +17,7 @@ from mlc.cluster import ray_runtime
 from mlc.cluster.resources import device_kind, needed, replica_actor_options
 from mlc.config.cluster_config import ClusterConfig
 from mlc.config.serve_config import ServeConfig
-from mlc.errors import ClusterError
+from mlc.errors import ClusterError, ConfigError
 
 Progress = Callable[[str], None]
 POLL_S = 1.0
@@ -151,6 +151,9 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
     from mlc.cluster.registry import get_registry
     from mlc.cluster.replica import REPLICA_APP
 
+    if cluster.pd is not None or "prefill" in (cluster.pools or {}):
+        raise ConfigError("deploy does not launch a prefill/decode layout on Ray yet: start `mlc-cli serve --kv-role "
+                          "prefill` and `--kv-role decode` instances and `mlc-cli pd-router` in front of them")
     kind = device_kind(cluster)
     notes = _preflight(cluster, kind)
     t0 = time.monotonic()

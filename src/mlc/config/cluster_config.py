@@ -9,11 +9,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mlc.config.pd_config import PDConfig, check_pd_pools
+
 # An image must be pinned: a dated tag (`:20240628`, `:20240628-cann8.0`) or a digest (`@sha256:<64 hex>`).
 _DATED_TAG = re.compile(r":(20\d{6})([._-][\w.-]+)?$")
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _RAY_ADDRESS = re.compile(r"^(local(:\d{1,5})?|auto|ray://[\w.\-]+:\d{1,5}|[\w.\-]+:\d{1,5})$")
-Pool = Literal["inference", "training"]
+Pool = Literal["inference", "training", "prefill", "decode"]
 
 
 def check_image_pin(image: str) -> str:
@@ -89,6 +91,7 @@ class ClusterConfig(BaseModel):
     port: int = Field(8080, ge=1, le=65535)
     serving: ServingConfig = Field(default_factory=ServingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    pd: PDConfig | None = None  # prefill/decode layout (with pools.prefill and pools.decode; config/pd_config.py)
     env: dict[str, str] = {}
     mounts: dict[str, str] = {}  # host path -> container path, for the nodes' containers when `image` is set
 
@@ -197,6 +200,10 @@ class ClusterConfig(BaseModel):
         if dupes:
             raise ValueError(f"node(s) listed twice: {', '.join(dupes)}")
         self._check_pools()
+        if self.pd is not None or (self.pools and ("prefill" in self.pools or "decode" in self.pools)):
+            check_pd_pools({p: self.pool_size(p) for p in (self.pools or {})}, self.pd,
+                           self.tensor_parallel_size * self.pipeline_parallel_size)
+            return self
         serving = self.pool_devices("inference")
         if self.world_size > self.pool_size("inference"):
             where = "the inference pool has" if self.pools is not None else "the nodes have"

@@ -83,6 +83,7 @@ class EngineConfig(BaseModel):
     max_seq_len: int | None = Field(None, ge=2)  # None -> the model's context length
     max_num_batched_tokens: int = Field(4096, ge=16)  # 512 made a 4K prompt 1.7x slower to prefill (BENCHMARKS.md)
     enable_prefix_caching: bool = True
+    kv_lease_timeout: float = Field(30.0, gt=0)  # prefill/decode split: seconds a prefill keeps pages for its decoder
     enable_chunked_prefill: bool = True
     sparse_kv: SparseKVConfig | None = None
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding

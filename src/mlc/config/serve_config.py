@@ -72,6 +72,7 @@ class ServeConfig(BaseModel):
     attn_implementation: Literal["sdpa", "paged"] = "sdpa"  # two names for the one path: SDPA over paged KV
     paged_attention: bool = True  # true is the only value: the KV cache is always paged
     tool_call_parser: str | None = None  # glm45, glm4, hermes or llama3_json; null: read from the chat template
+    kv_role: Literal["both", "prefill", "decode"] = "both"  # prefill/decode disaggregation (server/pd.py)
     api_lenient: bool = False  # ignore (and name in x-mlc-ignored-fields) request fields the API does not know
     max_connections: int = Field(1000, ge=1)  # open connections (and requests) at once; past it, new requests get 503
     header_timeout_s: float = Field(10.0, gt=0)  # a request's line and headers must arrive within this; else closed
@@ -129,4 +130,7 @@ class ServeConfig(BaseModel):
         too_long = [k for k, n in self.context_profiles.items() if limit is not None and n > limit]
         if too_long:
             raise ValueError(f"context profile(s) {', '.join(too_long)} exceed engine.max_seq_len ({limit})")
+        if self.kv_role != "both" and self.engine.tensor_parallel_size > 1:
+            raise ValueError(f"kv_role {self.kv_role} moves one process's KV pages, and tensor parallelism keeps them "
+                             "split over ranks: serve prefill/decode instances with tensor_parallel_size 1")
         return self

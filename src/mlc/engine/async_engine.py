@@ -15,9 +15,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mlc.engine.grammar import GrammarSpec
+from mlc.engine.kv_transfer import KVHandle, PendingImport
 from mlc.engine.llm_engine import LLMEngine
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.sampling_params import SamplingParams
@@ -25,10 +27,13 @@ from mlc.engine.sequence import FinishReason
 from mlc.errors import EngineDeadError, EngineStepError, InvalidRequestError, MlcError
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("mlc.engine")
 Delivery = RequestOutput | BaseException  # what a request's queue receives: an output, or why it ended
+T = TypeVar("T")
+KVPuller = Callable[[PendingImport], "torch.Tensor"]  # a decode instance's transfer (the server's): bytes or raises
 
 
 class AsyncEngine:
@@ -46,6 +51,8 @@ class AsyncEngine:
         self.on_dead: Callable[[EngineDeadError], None] | None = None  # the server drains and exits non-zero
         self._unstarted: dict[str, int] = {}  # request id -> samples, between generate() and the engine taking it
         self._lock = threading.Lock()
+        self.kv_puller: KVPuller | None = None  # set by a decode instance's server
+        self._pulls: ThreadPoolExecutor | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_event_loop()
@@ -136,9 +143,13 @@ class AsyncEngine:
         request_id: str | None = None,
         adapter_id: int = 0,
         validated: bool = False,
+        hold_kv: bool = False,
+        kv_handle: KVHandle | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue one request now and return its outputs as they come; `validated`: the caller already ran
-        `validate`. A stream closed before its end aborts the request; one never iterated needs `release`."""
+        `validate`. A stream closed before its end aborts the request; one never iterated needs `release`.
+        `hold_kv` (a prefill instance): the first token only, its pages leased for a decoder (`kv_handle` then).
+        `kv_handle` (a decode instance): continue from a prefill instance's pages, pulled by `kv_puller`."""
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
             raise InvalidRequestError(f"request id {rid!r} is already in use", field="request_id")
@@ -150,9 +161,34 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         with self._lock:
             self._unstarted[rid] = params.n
-        self._commands.put(("add", rid, prompt, params, adapter_id, validated))
+        self._commands.put(("add", rid, prompt, params, adapter_id, validated, hold_kv, kv_handle))
         self._wake.set()
         return self._outputs(rid, q)
+
+    def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Run `fn(engine)` on the engine's thread between steps (the KV connector's calls)."""
+        fut: Future[T] = Future()
+        self._commands.put(("call", fn, fut))
+        self._wake.set()
+        return fut
+
+    def _pull(self, rid: str, pending: PendingImport) -> None:
+        """Pull a pending import's pages off the engine's thread; the bytes (or None) come back as a command."""
+        puller = self.kv_puller
+
+        def run() -> None:
+            buf = None
+            try:
+                if puller is not None:
+                    buf = puller(pending)
+            except Exception as e:  # the decoder recomputes the prompt: the request is never lost
+                log.warning("KV transfer for %s failed (%s: %s); recomputing its prompt", rid, type(e).__name__, e)
+            self._commands.put(("kv_done", rid, buf))
+            self._wake.set()
+
+        if self._pulls is None:
+            self._pulls = ThreadPoolExecutor(4, thread_name_prefix="mlc-kv-pull")
+        self._pulls.submit(run)
 
     async def _outputs(self, rid: str, q: asyncio.Queue[Delivery]) -> AsyncGenerator[RequestOutput, None]:
         finished = False
@@ -196,14 +232,31 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
-                _, rid, prompt, params, adapter_id, validated = cmd
+            if cmd[0] == "call":
+                try:
+                    cmd[2].set_result(cmd[1](self._engine))
+                except Exception as e:
+                    cmd[2].set_exception(e)
+            elif cmd[0] == "kv_done":
+                try:
+                    self._deliver_all(self._engine.finish_import(cmd[1], cmd[2]))
+                except Exception as e:
+                    self._deliver_all(self._engine.fail_requests(e, [cmd[1]]))
+            elif cmd[0] == "add":
+                _, rid, prompt, params, adapter_id, validated, hold_kv, kv_handle = cmd
                 with self._lock:
                     self._unstarted.pop(rid, None)
                 if rid not in self._queues:
                     continue  # the caller went away before its request started
                 try:
-                    self._engine.add_request(rid, prompt, params, adapter_id, validated)
+                    if hold_kv:
+                        self._engine.prefill_for_transfer(rid, prompt, params, adapter_id, validated)
+                    elif kv_handle is not None and isinstance(prompt, list):
+                        pending = self._engine.begin_import(rid, prompt, params, kv_handle, adapter_id, validated)
+                        if pending is not None:
+                            self._pull(rid, pending)
+                    else:
+                        self._engine.add_request(rid, prompt, params, adapter_id, validated)
                 except MlcError as e:
                     self._deliver(rid, e)
                 except Exception as e:  # a bug in admission: this request fails, the engine is checked
@@ -234,6 +287,7 @@ class AsyncEngine:
         while not self._stopped.is_set():
             self._apply_commands()
             if not self._engine.has_unfinished():
+                self._engine.expire_leases()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 self._engine.check_alive()  # an idle engine still notices a lost worker (/health answers 503)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import weakref
@@ -14,11 +15,13 @@ from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.engine.compiled_forward import compile_forward, uncompile
 from mlc.engine.grammar import Grammar, GrammarSpec
 from mlc.engine.kv_cache import KVCache
+from mlc.engine.kv_transfer import KVConnector
 from mlc.engine.memory import size_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.output_processor import OutputProcessor
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.page_manager import PageManager
+from mlc.engine.pd_engine import PDMixin
 from mlc.engine.recovery import Recovery
 from mlc.engine.request import Request
 from mlc.engine.request_rules import RequestRules
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlc.engine")
 
 
-class LLMEngine:
+class LLMEngine(PDMixin):
     def __init__(self, config: EngineConfig | None = None, model: CausalLM | None = None,
                  tokenizer: PreTrainedTokenizerBase | None = None, **overrides: Any) -> None:
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
@@ -119,7 +122,10 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
         self.outputs = OutputProcessor(tokenizer)
-        self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
+        self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout,  # prefill/decode split
+                              exportable=self.tp_group is None)
+        self.scheduler.on_finish = self.kv.on_finish
+        self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs, self.kv)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
                                   self.page_manager, self.sparse, config.max_num_batched_tokens)
         self.adapters: dict[str, LoRAAdapter] = {}
@@ -198,6 +204,7 @@ class LLMEngine:
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> RequestOutput | None:
         """Stop a request now and free its pages."""
+        self.drop_kv(request_id)  # a lease it held; a pending KV import becomes a request to end like any other
         req = self.outputs.requests.get(request_id)
         if req is None:
             return None
@@ -231,6 +238,7 @@ class LLMEngine:
         """Run one scheduled step. A failure ends only the requests it touched, with finish_reason "error" and
         `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
         (`engine/recovery.py`)."""
+        self.expire_leases()
         try:
             self.speculator.propose(self.scheduler.running)
             plan = self.scheduler.schedule()
@@ -332,4 +340,5 @@ class LLMEngine:
             prefix_cache_queries=pm.prefix_queries, prefix_cache_hits=pm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, spec=self.speculator.snapshot(),
+            kv_transfer=dataclasses.replace(self.kv.stats), kv_leases=len(self.kv.leases),
         )

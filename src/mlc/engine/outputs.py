@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlc.engine.kv_transfer import TransferStats
 from mlc.engine.sequence import TokenLogprob
 from mlc.engine.speculative import SpecStats
 from mlc.errors import MlcError
@@ -71,3 +72,5 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counters (zeros without it)
+    kv_transfer: TransferStats = field(default_factory=TransferStats)  # prefill/decode split (kv_transfer.py)
+    kv_leases: int = 0  # KV leases held now (a prefill instance's pages waiting for their decoder)

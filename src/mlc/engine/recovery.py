@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from mlc.engine.kv_cache import KVCache
+from mlc.engine.kv_transfer import KVConnector
 from mlc.engine.output_processor import OutputProcessor
 from mlc.engine.outputs import RequestOutput
 from mlc.engine.page_manager import PageManager
@@ -33,20 +34,25 @@ class Recovery:
     here, it would tie the engine into a reference cycle, and a tensor-parallel engine let go would keep its
     workers until the garbage collector ran."""
 
-    def __init__(self, scheduler: Scheduler, pages: PageManager, kv_cache: KVCache, requests: OutputProcessor):
+    def __init__(self, scheduler: Scheduler, pages: PageManager, kv_cache: KVCache, requests: OutputProcessor,
+                 connector: KVConnector | None = None):
         self.scheduler, self.pages, self.kv_cache, self.requests = scheduler, pages, kv_cache, requests
+        self.connector = connector  # KV leases and imports hold pages outside the scheduler
         self.consecutive_failures = 0  # steps failed since the last good one
         self.failed_prompts: set[int] = set()  # the prompts those steps held
 
     def audit(self) -> list[str]:
         """Every inconsistency between requests, queues and pages; empty when the engine is sound."""
         live = self.requests.live_sequences()
-        return self.scheduler.audit(live) + self.pages.audit(live)
+        holders = self.connector.holders() if self.connector is not None else []
+        return self.scheduler.audit(live) + self.pages.audit(live + holders)
 
     def rebuild(self) -> None:
         """Forget all pages and the prefix cache; every live sequence waits to be recomputed from its tokens."""
         self.pages.reset()
         self.kv_cache.clear_null_page()
+        if self.connector is not None:
+            self.connector.reset()
         self.scheduler.requeue_all(self.requests.live_sequences())
 
     def step_succeeded(self) -> None:

@@ -13,6 +13,7 @@ structured output's matcher on) and ends sequences on a stop token, EOS or their
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mlc.engine.grammar import advance as advance_grammar
@@ -51,6 +52,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.on_finish: Callable[[Sequence], None] | None = None  # sees a finished sequence before its pages go
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -187,6 +189,8 @@ class Scheduler:
         """End a sequence (or, with no reason, release one already ended), wherever it is; frees its pages."""
         if reason is not None:
             seq.finish(reason)
+            if self.on_finish is not None:
+                self.on_finish(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

@@ -20,6 +20,8 @@ from mlc.server.errors import error_body, install_error_handlers
 from mlc.server.observability import metrics
 from mlc.server.observability.audit import AuditMiddleware
 from mlc.server.observability.hooks import HooksConfig
+from mlc.server.pd import PDMiddleware
+from mlc.server.pd import router as kv_router
 from mlc.server.protocol.anthropic import MessageStreamEvent
 from mlc.server.protocol.responses import ResponseStreamEvent
 from mlc.server.protocol.responses_doc import add_event_schemas
@@ -56,9 +58,11 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     # pages: /, /dashboard, /train, /api/*
     for module in (health, native, openai_api, responses, messages, tokenize, metrics, pages):
         app.include_router(module.router)
+    app.include_router(kv_router)
 
     _finish_openapi(app)
-    app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # innermost: auth and audit see the 413 first
+    app.add_middleware(PDMiddleware, role=config.kv_role)  # innermost: the transfer headers, per request
+    app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # auth and audit see the 413 first
     if config.api_keys:
         app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
     if state.audit_log is not None or state.hooks.enabled:

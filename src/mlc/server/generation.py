@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import RequestTimeoutError, ServiceUnavailableError
+from mlc.server.pd import exchange_for_generation, finish_prefill
 from mlc.server.state import loaded_engine, started_loop
 
 if TYPE_CHECKING:
@@ -43,7 +44,11 @@ class Generation:
         self._pending: asyncio.Future | None = None
         self._gave_up = False  # the engine did not answer an abort within ABORT_GRACE_S (a hung step)
         self._give_up_timer: asyncio.TimerHandle | None = None
-        self._gen = loaded_engine(state).generate(prompt_ids, params, request_id, adapter_id, validated=True)
+        self.kv = exchange_for_generation()  # prefill/decode disaggregation (server/pd.py)
+        self._gen = loaded_engine(state).generate(
+            prompt_ids, params, request_id, adapter_id, validated=True,
+            hold_kv=self.kv is not None and self.kv.prefill,
+            kv_handle=self.kv.handle_in if self.kv is not None else None)
         self._timer = started_loop(state).call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
         state.active.add(self)
 
@@ -128,6 +133,8 @@ class Generation:
             await asyncio.wait({self._pending})
         await self._gen.aclose()
         loaded_engine(self.state).release(self.request_id, self.done)
+        if self.kv is not None and self.kv.prefill and self.done:
+            await finish_prefill(self.state, self.request_id)
         self.state.active.discard(self)
         end = time.monotonic()
         if self.last is not None:

@@ -28,6 +28,7 @@ from mlc.server.token_text import TokenText
 if TYPE_CHECKING:
     from mlc.engine.llm_engine import LLMEngine
     from mlc.engine.outputs import EngineStats
+    from mlc.server.pd import PD
 
 log = logging.getLogger("mlc.server")
 
@@ -64,6 +65,7 @@ class ServerState:
         self.hooks = HookRunner(hooks or HooksConfig())
         self.active: set[InFlight] = set()
         self.on_fatal: Callable[[], None] | None = None  # set by the runner: stop the process
+        self.pd: PD | None = None  # the KV connector's ends (`--kv-role`), once the engine is loaded
         self._engine_factory = engine_factory
         self._mean_latency = 1.0
 
@@ -104,6 +106,10 @@ class ServerState:
         self.token_text = TokenText(self.engine.tokenizer)
         self.engine.on_dead = lambda err: self._fail(err.message, 1)  # exit non-zero: a supervisor restarts us
         self.engine.start(self.loop)
+        from mlc.server.pd import PD
+
+        self.pd = PD(self.config.kv_role, self.config.host, self.config.engine.kv_lease_timeout)
+        self.pd.attach(engine)
         self.metrics.watch_engine(self.stats, self.waiting, engine.page_size)
         if self.status == LOADING:
             self.status = HEALTHY

@@ -78,6 +78,22 @@ class EngineCollector(Collector):
                       s.num_preemptions if s else 0)
         yield counter("mlc:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens if s else 0)
         yield counter("mlc:generation_tokens", "Tokens generated.", s.generation_tokens if s else 0)
+        kv = s.kv_transfer if s else None
+        yield counter("mlc:kv_transfer_received_bytes", "KV bytes pulled from prefill instances (decode role).",
+                      kv.bytes_received if kv else 0)
+        yield counter("mlc:kv_transfer_sent_bytes", "KV bytes sent to decode instances (prefill role).",
+                      kv.bytes_sent if kv else 0)
+        yield counter("mlc:kv_transfer_seconds", "Time requests waited for their KV: from page reservation to the "
+                      "pulled pages in place (decode role).", kv.transfer_seconds if kv else 0.0)
+        yield counter("mlc:kv_transfer_imports", "Requests continued from a prefill instance's KV.",
+                      kv.imports if kv else 0)
+        yield counter("mlc:kv_transfer_recomputed", "Requests whose transfer failed or did not fit, computed here.",
+                      kv.imports_recomputed if kv else 0)
+        yield counter("mlc:kv_transfer_pages_skipped", "KV pages not pulled: the decoder's prefix cache held them.",
+                      kv.pages_skipped if kv else 0)
+        yield counter("mlc:kv_leases_expired", "KV leases that expired before a decoder pulled them.",
+                      kv.leases_expired if kv else 0)
+        yield gauge("mlc:kv_leases", "KV leases held now (prefill role).", s.kv_leases if s else 0)
         spec = s.spec if s else None
         yield counter("mlc:spec_decode_num_drafts", "Sequence-steps that verified speculative tokens.",
                       spec.proposals if spec else 0)

@@ -1,0 +1,89 @@
+"""The prefill/decode layout of a cluster file: both pools with devices and one KV format, or `config check` refuses
+it before anything starts; the router's prompt estimate and its pool counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlc.cluster.pd_router import PDRouter, prompt_chars
+from mlc.config.cluster_config import ClusterConfig
+from tests.unit.test_config import run_cli
+
+PD = {"model": "m", "hardware": "cpu", "nodes": [{"host": "a", "devices": [0, 1, 2, 3]}], "devices_per_node": 4,
+      "pools": {"prefill": [{"host": "a", "devices": [0, 1]}], "decode": [{"host": "a", "devices": [2, 3]}]},
+      "pd": {"threshold_tokens": 512, "prefill": {"kv_cache_dtype": "int8"}, "decode": {"kv_cache_dtype": "int8"}}}
+
+
+def test_a_pd_layout_is_accepted():
+    cfg = ClusterConfig(**PD)
+    assert cfg.pool_size("prefill") == 2 and cfg.pool_size("decode") == 2 and cfg.pd.threshold_tokens == 512
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pd": {"prefill": {"kv_cache_dtype": "int8"}, "decode": {"kv_cache_dtype": "fp16"}}},
+     "decode instances cannot read the prefill instances' KV pages"),
+    ({"pd": {"decode": {"page_size": 32}}}, "give both pools the same page_size"),
+    ({"pools": {"prefill": [{"host": "a", "devices": []}], "decode": [{"host": "a", "devices": [2, 3]}]}},
+     "pools.prefill has 0 device(s)"),
+    ({"pools": {"prefill": [{"host": "a", "devices": [0, 1]}]}}, "needs both pools.prefill and pools.decode"),
+    ({"tensor_parallel_size": 4}, "fewer than one instance needs (4"),
+])
+def test_a_pd_layout_that_cannot_work_is_refused(change, message):
+    with pytest.raises(ValueError, match="pd|pools") as e:
+        ClusterConfig(**{**PD, **change})
+    assert message in str(e.value)
+
+
+def test_config_check_refuses_mismatched_kv_formats(tmp_path, capsys):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("model: m\nhardware: cpu\nnodes: [{host: a, devices: [0, 1]}]\ndevices_per_node: 2\n"
+                    "pools: {prefill: [{host: a, devices: [0]}], decode: [{host: a, devices: [1]}]}\n"
+                    "pd: {prefill: {kv_cache_dtype: int8}}\n")
+    code, text = run_cli(["config", "check", str(path)], capsys)
+    assert code != 0 and "kv_cache_dtype" in text and "same" in text
+
+
+def test_router_estimates_prompts_and_counts_pools():
+    assert prompt_chars({"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 9}) > 400
+    assert prompt_chars({"max_tokens": 9}) == 0
+    router = PDRouter(["http://p"], ["http://d1", "http://d2"])
+    router.in_flight["http://d1"] = 3
+    assert router._pick(router.decode) == "http://d2"
+    assert 'mlc_pd_pool_in_flight{pool="decode"} 3' in router.metrics_text()
+    with pytest.raises(ValueError, match="decode instance"):
+        PDRouter(["http://p"], [])
+
+
+def test_router_ends_a_stream_with_an_error_event_when_the_decoder_dies():
+    import asyncio
+
+    import httpx
+
+    class Dying(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b'data: {"choices": [{"delta": {"content": "Hel"}}]}\n\n'
+            raise httpx.ReadError("connection reset")
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        assert "x-mlc-kv-handle" not in request.headers  # a short prompt stays on D
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Dying())
+
+    router = PDRouter(["http://p"], ["http://d"])
+    router.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://pd") as client:
+            return await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                   "stream": True})
+
+    r = asyncio.run(go())
+    assert '"Hel"' in r.text and "failed mid-stream" in r.text and r.text.rstrip().endswith("[DONE]")
+    assert router.in_flight["http://d"] == 0 and router.routed["local"] == 1
+
+
+def test_a_prefill_or_decode_role_with_tensor_parallelism_is_refused():
+    from mlc.config.serve_config import ServeConfig
+
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        ServeConfig(kv_role="decode", engine={"tensor_parallel_size": 2})
+    assert ServeConfig(kv_role="both", engine={"tensor_parallel_size": 2}).kv_role == "both"
