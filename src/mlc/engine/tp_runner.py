@@ -31,8 +31,11 @@ class TPModelRunner(ModelRunner):
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.group.run("move_slots", super().move_slots, src, dst)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str) -> LoRAAdapter:
-        return self.group.run("attach_adapter", super().attach_adapter, adapter_id, name, str(path))
+    def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None) -> LoRAAdapter:
+        return self.group.run("attach_adapter", super().attach_adapter, adapter_id, name, str(path), max_rank)
+
+    def detach_adapter(self, adapter_id: int) -> None:
+        self.group.run("detach_adapter", super().detach_adapter, adapter_id)
 
 
 def start_tensor_parallel(config: EngineConfig, model: CausalLM | None) -> tuple[CausalLM, TPGroup]:
