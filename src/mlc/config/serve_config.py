@@ -73,6 +73,10 @@ class ServeConfig(BaseModel):
     paged_attention: bool = True  # true is the only value: the KV cache is always paged
     tool_call_parser: str | None = None  # glm45, glm4, hermes or llama3_json; null: read from the chat template
     api_lenient: bool = False  # ignore (and name in x-mlc-ignored-fields) request fields the API does not know
+    enable_lora_loading: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    lora_dirs: list[str] = []  # adapters load from here; a request for an unloaded adapter NAME loads DIR/NAME
+    allowed_lora_paths: list[str] = []  # more directories /v1/load_lora_adapter may read (no loading on first use)
+    admin_api_keys: list[str] = []  # keys for the adapter routes; with api_keys set, those routes need one of these
 
     @classmethod
     def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:

@@ -144,11 +144,11 @@ class LLMEngine:
 
     @property
     def adapter_ids(self) -> dict[str, int]:
-        return {name: e.adapter_id for name, e in self.loras.loaded.items()}
+        return {name: e.adapter_id for name, e in list(self.loras.loaded.items())}
 
     @property
     def adapters(self) -> dict[str, LoRAAdapter]:
-        return {name: e.info for name, e in self.loras.loaded.items()}
+        return {name: e.info for name, e in list(self.loras.loaded.items())}
 
     def adapter_id(self, name: str | None) -> int:
         """0 for the base model (None or its own name), else the id of a loaded adapter."""

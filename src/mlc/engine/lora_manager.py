@@ -111,5 +111,5 @@ class LoRAManager:
     def describe(self) -> list[dict[str, Any]]:
         return [{"name": e.name, "path": e.path, "id": e.adapter_id, "rank": e.info.rank, "pinned": e.pinned,
                  "targets": e.info.target_modules, "digest": e.info.digest, "created": int(e.loaded_at)}
-                for e in self.loaded.values()]
+                for e in list(self.loaded.values())]
 
