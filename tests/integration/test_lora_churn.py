@@ -92,7 +92,7 @@ def test_churn_with_more_adapters_than_slots_gives_each_adapters_own_replies(tre
         engine.start(asyncio.get_running_loop())
         results: list[tuple[str | None, int, list[int]]] = []
         try:
-            for round_ in range(6):
+            for _round in range(6):
                 jobs = []
                 for _ in range(6):  # a few requests, then churn
                     name = rng.choice([None, *names])
