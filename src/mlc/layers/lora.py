@@ -33,6 +33,7 @@ GATHER_MAX_ROWS = 64  # adapter rows up to which the gather + batched matmul bea
 class _Plan:
     gather: tuple[torch.Tensor | None, torch.Tensor] | None  # (rows or None for all, their slots)
     groups: list[tuple[int, slice | torch.Tensor]]  # (slot, rows) per adapter
+    whole: bool = False  # one adapter on every row: two plain matmuls, no indexing
 
 
 class _Batch:
@@ -53,8 +54,8 @@ class _Batch:
         if not groups:
             return None
         num = sum(_count(idx, n) for _, idx in groups)
-        if num > GATHER_MAX_ROWS:
-            return _Plan(None, groups)
+        if len(groups) == 1 or num > GATHER_MAX_ROWS:
+            return _Plan(None, groups, whole=len(groups) == 1 and num == n)
         slots = torch.zeros(n, dtype=torch.long)
         for slot, idx in groups:
             slots[idx] = slot
@@ -133,8 +134,10 @@ class LoRALinear(nn.Module):
             self._write(self.registry.slot_of[adapter_id], deltas)
 
     def remove(self, adapter_id: int) -> None:
-        if self.deltas.pop(adapter_id, None) is not None and self.a is not None:
-            self._write(self.registry.slot_of[adapter_id], [])
+        if self.deltas.pop(adapter_id, None) is not None and self.a is not None and self.b is not None:
+            slot = self.registry.slot_of[adapter_id]
+            self.a[slot].zero_()  # a free slot is all zeros: the next adapter writes only its own parts
+            self.b[slot].zero_()
 
     def restack(self, rank: int | None = None) -> None:
         """Stacks sized to the registry's capacity and rank `rank` (default: the current one), slots rewritten."""
@@ -149,8 +152,6 @@ class LoRALinear(nn.Module):
 
     def _write(self, slot: int, deltas: list[LoRADelta]) -> None:
         assert self.a is not None and self.b is not None
-        self.a[slot].zero_()
-        self.b[slot].zero_()
         r0 = 0
         for d in deltas:
             r = d.a.shape[0]
@@ -166,15 +167,20 @@ class LoRALinear(nn.Module):
         plan = batch.plan(self.registry, x.shape[0], x.device)
         if plan is None:
             return y
+        if plan.whole:  # one adapter on every row
+            slot = plan.groups[0][0]
+            y += ((x.to(self.a.dtype) @ self.a[slot].t()) @ self.b[slot].t()).to(y.dtype)
+            return y
         if plan.gather is not None:  # every adapter row at once: gather its slot, two batched matmuls
             rows, slots = plan.gather
             xs = x if rows is None else x[rows]
             xa = torch.bmm(self.a[slots], xs.to(self.a.dtype).unsqueeze(-1))
-            delta = torch.bmm(self.b[slots], xa).squeeze(-1).to(y.dtype)
-            if rows is None:
-                y += delta
+            if rows is None and y.dtype == self.b.dtype and y.is_contiguous():
+                y.unsqueeze(-1).baddbmm_(self.b[slots], xa)
+            elif rows is None:
+                y += torch.bmm(self.b[slots], xa).squeeze(-1).to(y.dtype)
             else:
-                y.index_add_(0, rows, delta)
+                y.index_add_(0, rows, torch.bmm(self.b[slots], xa).squeeze(-1).to(y.dtype))
             return y
         for slot, idx in plan.groups:  # segments: one adapter's rows at a time
             y[idx] += ((x[idx].to(self.a.dtype) @ self.a[slot].t()) @ self.b[slot].t()).to(y.dtype)
@@ -235,6 +241,8 @@ def attach_adapter(model, adapter_id: int, name: str, path: Path, max_rank: int 
         plan.append((module_name, target.shard, start, stop, key_a, key_b))
     tensors = load_tensors(files)
     device, dtype = model.device, model.dtype
+    if device.type == "cpu":  # CPUs without bf16 matmul units run the small LoRA matmuls far faster in fp32
+        dtype = torch.float32
     found: list[tuple[str, LoRADelta]] = []
     for module_name, shard, start, stop, key_a, key_b in plan:
         layer: Any = modules[module_name]
