@@ -177,3 +177,26 @@ def test_no_allowed_directory_means_no_loading(tree):
     with client(base, enable_lora_loading=True) as c:
         r = healthy(c).post("/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": str(lora_dir / "alpha")})
         assert r.status_code == 403 and "--lora-dir" in r.json()["error"]["message"]
+
+
+def test_cli_lists_loads_and_unloads_through_the_routes(tree, monkeypatch):
+    import httpx
+    from typer.testing import CliRunner
+
+    from mlc.cli.lora import lora_app
+
+    base, lora_dir, _ = tree
+    with client(base, enable_lora_loading=True, lora_dirs=[str(lora_dir)]) as c:
+        healthy(c)
+        monkeypatch.setattr(httpx, "request", lambda method, url, timeout=None, **kw: c.request(method, url, **kw))
+        runner = CliRunner()
+        url = ["--url", "http://testserver"]
+        loaded = runner.invoke(lora_app, ["load", "cli", "alpha", *url])
+        assert loaded.exit_code == 0 and "loaded cli (rank 8, on tiny)" in loaded.output
+        listed = runner.invoke(lora_app, ["list", *url], env={"COLUMNS": "200"})
+        assert listed.exit_code == 0 and "cli" in listed.output and "tiny" in listed.output
+        again = runner.invoke(lora_app, ["load", "cli", "alpha", *url])
+        assert again.exit_code != 0 and "409" in str(again.exception) and "already loaded" in str(again.exception)
+        assert runner.invoke(lora_app, ["load", "cli", "beta", "--replace", *url]).exit_code == 0
+        assert runner.invoke(lora_app, ["unload", "cli", *url]).exit_code == 0
+        assert "no LoRA adapters loaded" in runner.invoke(lora_app, ["list", *url]).output
