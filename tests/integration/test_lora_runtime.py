@@ -176,6 +176,9 @@ def test_least_recently_used_adapter_is_evicted_unless_pinned_or_busy(dirs):
     eng.add_lora("b", str(ad["b"]))
     cid = eng.add_lora("c", str(ad["c"]))  # evicts b, never the pinned a
     assert sorted(eng.adapter_ids) == ["a", "c"] and eng.loras.evicted == {"b": str(ad["b"])}
+    with pytest.raises(AdapterError):
+        eng.add_lora("big", str(ad["r16"]) + "-missing")  # a refused adapter evicts nobody
+    assert sorted(eng.adapter_ids) == ["a", "c"]
     eng.add_request("busy", PROMPTS[0], GREEDY, adapter_id=cid)
     with pytest.raises(CapacityError, match="pinned or in use"):
         eng.add_lora("b", str(ad["b"]))

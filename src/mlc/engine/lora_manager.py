@@ -60,12 +60,14 @@ class LoRAManager:
         if name in self.loaded:
             raise AdapterConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first or pick "
                                        "another name", field="lora_name")
-        if self.max_cpu_loras is not None and len(self.loaded) >= self.max_cpu_loras:
-            self._evict_one()
+        if self.max_cpu_loras is not None and len(self.loaded) >= self.max_cpu_loras and not self._evictable():
+            raise self._full()
         adapter_id = self._next_id
-        info = self._attach(adapter_id, name, path)
+        info = self._attach(adapter_id, name, path)  # every check first: a refused adapter evicts nobody
         self._next_id += 1
         entry = LoadedAdapter(name, str(path), adapter_id, info, pinned, int(info.digest[:15] or "0", 16) or adapter_id)
+        if self.max_cpu_loras is not None and len(self.loaded) >= self.max_cpu_loras:
+            self._evict_one()
         self.loaded[name] = self.by_id[adapter_id] = entry
         self.evicted.pop(name, None)
         log.info("LoRA adapter %r loaded from %s (id %d, rank %d, %s)", name, path, adapter_id, info.rank,
@@ -90,11 +92,17 @@ class LoRAManager:
         self._detach(entry.adapter_id)
         del self.loaded[entry.name], self.by_id[entry.adapter_id]
 
+    def _evictable(self) -> list[LoadedAdapter]:
+        return [e for e in self.loaded.values() if not e.pinned and not self._users(e.adapter_id)]
+
+    def _full(self) -> CapacityError:
+        return CapacityError(f"all {len(self.loaded)} loaded LoRA adapters (--max-cpu-loras {self.max_cpu_loras}) "
+                             "are pinned or in use; unload one or raise --max-cpu-loras")
+
     def _evict_one(self) -> None:
-        free = [e for e in self.loaded.values() if not e.pinned and not self._users(e.adapter_id)]
+        free = self._evictable()
         if not free:
-            raise CapacityError(f"all {len(self.loaded)} loaded LoRA adapters (--max-cpu-loras "
-                                f"{self.max_cpu_loras}) are pinned or in use; unload one or raise --max-cpu-loras")
+            raise self._full()
         victim = min(free, key=lambda e: e.last_used)
         self._drop(victim)
         self.evicted[victim.name] = victim.path
