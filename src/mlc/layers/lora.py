@@ -7,10 +7,10 @@ model; a wrapper stacks its adapters' weights by slot: `a [slots, R, in]` and `b
 adapter's pairs on the parts of a fused projection (q, k, v of `qkv_proj`) are concatenated along the rank, `b`
 block-diagonal with the scale folded in, and smaller ranks zero-padded to the wrapper's largest `R`.
 
-A step's rows pick their slots (`lora_rows`). With few adapter rows (decode steps), every row gathers its slot's
-`a` and `b` and one batched matmul pair adds all the deltas; with many (prefill), the rows are segmented by adapter
-and each segment runs two plain matmuls, which reads each adapter's weights once instead of once a row
-(`GATHER_MAX_ROWS`, measured in ARCHITECTURE.md). Loading or unloading writes one slot in place.
+A step's rows pick their slots (`lora_rows`). One adapter on every row: two plain matmuls. Otherwise the rows are
+segmented by adapter, each segment two matmuls that read its adapter's weights once; or, up to `GATHER_MAX_ROWS`
+rows, every row gathers its slot's `a` and `b` and one batched matmul pair adds all the deltas (measured slower on
+this CPU, so off by default; ARCHITECTURE.md). Loading or unloading writes one slot in place.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ from torch import nn
 
 from mlc.layers.lora_files import AdapterError, load_tensors, open_adapter, pair_modules
 
-GATHER_MAX_ROWS = 64  # adapter rows up to which the gather + batched matmul beats segments (ARCHITECTURE.md)
+# Adapter rows up to which the gather + batched matmul runs instead of segments. 0: segments always, which measured
+# faster on this CPU (ARCHITECTURE.md: 32 decode rows of 32 adapters, 4.3 vs 4.6 ms a layer; the gather reads the
+# zero blocks of a fused projection's block-diagonal `b` too); a device with a batched-gather kernel would raise it.
+GATHER_MAX_ROWS = 0
 
 
 @dataclass
