@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlc.engine.grammar import GrammarSpec
 from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.lora_manager import AdapterConflictError
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
@@ -110,7 +111,11 @@ class AsyncEngine:
         if name == self.model_name:
             raise InvalidRequestError(f"LoRA adapter name {name!r} is the base model's name; pick another",
                                       field="lora_name")
-        return int(await self.call(lambda: self._engine.add_lora(name, path, pinned)))
+        if name in self.adapter_names:  # before reading any file; the engine thread checks again
+            raise AdapterConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first or pick "
+                                       "another name", field="lora_name")
+        prepared = await asyncio.to_thread(self._engine.prepare_lora, path)  # the files off the engine thread
+        return int(await self.call(lambda: self._engine.add_lora(name, path, pinned, prepared)))
 
     async def unload_lora(self, name: str) -> None:
         """Unload an adapter between two steps (a 409 while a request uses it)."""

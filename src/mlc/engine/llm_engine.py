@@ -36,7 +36,7 @@ from mlc.errors import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from mlc.layers.lora import LoRAAdapter
+from mlc.layers.lora import LoRAAdapter, PreparedAdapter
 from mlc.models.base import CausalLM
 from mlc.models.loader import describe_weights
 from mlc.models.tokenizer import eos_token_ids
@@ -121,14 +121,14 @@ class LLMEngine:
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
                                   self.page_manager, self.sparse, config.max_num_batched_tokens)
-        self.loras = LoRAManager(lambda i, n, p: self.runner.attach_adapter(i, n, p, config.max_lora_rank),
+        self.loras = LoRAManager(lambda i, n, p, pre: self.runner.attach_adapter(i, n, p, config.max_lora_rank, pre),
                                  self.runner.detach_adapter, self.scheduler.adapter_users, config.max_cpu_loras)
         for name, path in config.lora_adapters.items():
             self.add_lora(name, path, pinned=True)
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
-    def add_lora(self, name: str, path: str, pinned: bool = False) -> int:
+    def add_lora(self, name: str, path: str, pinned: bool = False, prepared: PreparedAdapter | None = None) -> int:
         """Serve a PEFT LoRA adapter under `name` (between steps, at any time); requests pick it with `adapter_id`.
         Returns that id (never reused). `pinned`: never evicted for room (`engine/lora_manager.py`)."""
         if not name or name == self.model_name:
@@ -136,7 +136,12 @@ class LLMEngine:
                               field="lora_name")
         if self.config.compile:
             uncompile(self.model, f"LoRA adapter {name!r} loaded")
-        return self.loras.add(name, path, pinned).adapter_id
+        return self.loras.add(name, path, pinned, prepared).adapter_id
+
+    def prepare_lora(self, path: str) -> PreparedAdapter | None:
+        """Read and check an adapter without touching the engine (safe off its thread): `add_lora(prepared=...)`
+        then only writes it in."""
+        return self.runner.prepare_adapter(path, self.config.max_lora_rank)
 
     def remove_lora(self, name: str) -> None:
         """Unload an adapter (a 409 `AdapterConflictError` while a running or waiting request uses it)."""

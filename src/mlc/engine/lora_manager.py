@@ -47,7 +47,7 @@ class LoadedAdapter:
 
 
 class LoRAManager:
-    def __init__(self, attach: Callable[[int, str, str], LoRAAdapter], detach: Callable[[int], None],
+    def __init__(self, attach: Callable[[int, str, str, Any], LoRAAdapter], detach: Callable[[int], None],
                  users: Callable[[int], int], max_cpu_loras: int | None) -> None:
         self._attach, self._detach, self._users = attach, detach, users
         self.max_cpu_loras = max_cpu_loras
@@ -56,14 +56,14 @@ class LoRAManager:
         self.by_id: dict[int, LoadedAdapter] = {}
         self._next_id = 1
 
-    def add(self, name: str, path: str, pinned: bool = False) -> LoadedAdapter:
+    def add(self, name: str, path: str, pinned: bool = False, prepared: Any = None) -> LoadedAdapter:
         if name in self.loaded:
             raise AdapterConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first or pick "
                                        "another name", field="lora_name")
         if self.max_cpu_loras is not None and len(self.loaded) >= self.max_cpu_loras and not self._evictable():
             raise self._full()
         adapter_id = self._next_id
-        info = self._attach(adapter_id, name, path)  # every check first: a refused adapter evicts nobody
+        info = self._attach(adapter_id, name, path, prepared)  # every check first: a refused adapter evicts nobody
         self._next_id += 1
         entry = LoadedAdapter(name, str(path), adapter_id, info, pinned, int(info.digest[:15] or "0", 16) or adapter_id)
         if self.max_cpu_loras is not None and len(self.loaded) >= self.max_cpu_loras:

@@ -217,12 +217,33 @@ def _max_dim(model) -> int:
     return 4 * max(*dims, heads, 1)
 
 
+@dataclass
+class PreparedAdapter:
+    """An adapter read and checked against a model, its weights in the model's device and LoRA dtype: what
+    `install_adapter` writes. Preparing changes nothing, so it may run off the engine thread."""
+
+    files: Any  # lora_files.AdapterFiles
+    deltas: dict[str, list[LoRADelta]]  # module name -> its pairs
+    targets: list[str]
+    num_tensors: int
+
+
 def attach_adapter(model, adapter_id: int, name: str, path: Path, max_rank: int | None = None) -> LoRAAdapter:
     """Check the adapter against `model` (nothing allocated until its header fits), then give it a slot and write
     its weights into the wrappers of its target modules (wrapping them on first use)."""
+    return install_adapter(model, adapter_id, name, prepare_adapter(model, path, max_rank))
+
+
+def _module(model, name: str) -> Any:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+def prepare_adapter(model, path: Path, max_rank: int | None = None) -> PreparedAdapter:
     files = open_adapter(Path(path), max_rank, _max_dim(model))
     pairs = pair_modules(files)
-    modules = dict(model.named_modules())
     plan: list[tuple[str, int | None, int, int, str, str]] = []
     for hf_module, (key_a, key_b) in pairs.items():
         target = model.map_weight_name(hf_module + ".weight")
@@ -230,7 +251,7 @@ def attach_adapter(model, adapter_id: int, name: str, path: Path, max_rank: int 
             raise AdapterError(f"{files.path}: LoRA on {hf_module} is not supported for serving (only attention and "
                                "dense MLP projections); serve the merged export instead")
         module_name = target.param.removesuffix(".weight")
-        base: Any = modules.get(module_name)
+        base: Any = _module(model, module_name)
         if base is None:
             raise AdapterError(
                 f"{files.path}: {hf_module} does not exist in this model; the adapter was trained for another base")
@@ -248,24 +269,29 @@ def attach_adapter(model, adapter_id: int, name: str, path: Path, max_rank: int 
         dtype = torch.float32
     found: list[tuple[str, LoRADelta]] = []
     for module_name, shard, start, stop, key_a, key_b in plan:
-        layer: Any = modules[module_name]
+        layer: Any = _module(model, module_name)
         base = layer.base if isinstance(layer, LoRALinear) else layer
         a, b = tensors[key_a], tensors[key_b]
         if getattr(base, "tp", None) is not None:  # this rank's part of a tensor-parallel layer
             a, b = base.tp.lora(shard, a, b)
         _check_shapes(files, module_name, tuple(a.shape), tuple(b.shape), base.in_features, stop - start)
         found.append((module_name, LoRADelta(start, stop, a.to(device, dtype), b.to(device, dtype), files.scale)))
+    by_module: dict[str, list[LoRADelta]] = {}
+    for module_name, delta in found:
+        by_module.setdefault(module_name, []).append(delta)
+    return PreparedAdapter(files, by_module, sorted({m.rsplit(".", 1)[-1] for m in pairs}), 2 * len(pairs))
+
+
+def install_adapter(model, adapter_id: int, name: str, prepared: PreparedAdapter) -> LoRAAdapter:
+    """Give a prepared adapter a slot and write it into its wrappers (the engine thread, between steps)."""
     reg = registry(model)
     if adapter_id in reg.slot_of:
         raise AdapterError(f"adapter id {adapter_id} is attached already")
     reg.take_slot(adapter_id)
-    by_module: dict[str, list[LoRADelta]] = {}
-    for module_name, delta in found:
-        by_module.setdefault(module_name, []).append(delta)
-    for module_name, deltas in by_module.items():
+    for module_name, deltas in prepared.deltas.items():
         _wrap(model, module_name, reg).add(adapter_id, deltas)
-    targets = sorted({m.rsplit(".", 1)[-1] for m in pairs})
-    return LoRAAdapter(name, files.path, files.rank, files.alpha, files.scale, targets, 2 * len(pairs), files.digest)
+    f = prepared.files
+    return LoRAAdapter(name, f.path, f.rank, f.alpha, f.scale, prepared.targets, prepared.num_tensors, f.digest)
 
 
 def _check_shapes(files, module: str, a: tuple[int, ...], b: tuple[int, ...], fan_in: int, fan_out: int) -> None:
