@@ -3,8 +3,9 @@
 - Throughput: `streams` concurrent greedy streams of `tokens` tokens each, on the base model, all on one adapter,
   and each on its own adapter (`streams` distinct adapters in one batch); decode tokens/s of each, and the ratios
   the goals name (one adapter / base >= 0.85, distinct / one adapter >= 0.9).
-- Load latency while serving: base streams decode while adapters load between steps; the median load time
-  (goal <= 100 ms) and the longest step gap while loading against the p99 gap without loads (goal <= 2x).
+- Load latency while serving: base streams decode while adapters load as the server loads them (files read on
+  another thread, the slot written between two steps); the median load time (goal <= 100 ms) and the longest
+  step gap while loading against the p99 gap without loads (goal <= 2x).
 
 Adapters are random PEFT adapters (`lora_synth.py`) of rank `rank` on every linear layer, written to a temp dir.
 """
@@ -58,6 +59,10 @@ def _throughput(engine, prompts: list[list[int]], adapter_ids: list[int], tokens
 
 
 def _loads_while_serving(engine, prompts: list[list[int]], paths: list[Path], tokens: int) -> dict[str, float]:
+    """As the server loads: the files read and checked on another thread while the steps go on, then the slot
+    written between two steps. Load time: from asking to the adapter being servable."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from mlc.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
@@ -66,27 +71,39 @@ def _loads_while_serving(engine, prompts: list[list[int]], paths: list[Path], to
     gaps: list[float] = []
     load_gaps: list[float] = []
     load_ms: list[float] = []
+    install_ms: list[float] = []
     pending = list(paths)
+    loading = None  # (name, path, future, started)
     last = None
     step = 0
-    while engine.has_unfinished():
-        loading = False
-        if step >= 3 and step % 2 == 1 and pending:  # past the prefills, every other step
-            t = time.perf_counter()
-            engine.add_lora(f"load{len(pending)}", str(pending.pop()))
-            load_ms.append((time.perf_counter() - t) * 1e3)
-            loading = True
-        engine.step()
-        now = time.perf_counter()
-        if last is not None and step >= 3:
-            (load_gaps if loading else gaps).append((now - last) * 1e3)
-        last = now
-        step += 1
+    with ThreadPoolExecutor(1) as pool:
+        while engine.has_unfinished():
+            busy = loading is not None
+            if loading is None and step >= 3 and pending:  # past the prefills
+                path = pending.pop()
+                loading = (f"load{len(pending)}", path, pool.submit(engine.prepare_lora, str(path)),
+                           time.perf_counter())
+                busy = True
+            elif loading is not None and loading[2].done():
+                name, path, future, started = loading
+                t = time.perf_counter()
+                engine.add_lora(name, str(path), prepared=future.result())
+                install_ms.append((time.perf_counter() - t) * 1e3)
+                load_ms.append((time.perf_counter() - started) * 1e3)
+                loading = None
+            engine.step()
+            now = time.perf_counter()
+            if last is not None and step >= 3:
+                (load_gaps if busy else gaps).append((now - last) * 1e3)
+            last = now
+            step += 1
     p99 = sorted(gaps)[max(0, int(len(gaps) * 0.99) - 1)] if gaps else 0.0
     worst = max(load_gaps, default=0.0)
     return {"loads": len(load_ms), "load_ms_median": round(statistics.median(load_ms), 1) if load_ms else 0.0,
-            "load_ms_max": round(max(load_ms, default=0.0), 1), "gap_ms_p99_without_loads": round(p99, 1),
-            "gap_ms_max_with_a_load": round(worst, 1), "gap_ratio": round(worst / p99, 2) if p99 else 0.0}
+            "load_ms_max": round(max(load_ms, default=0.0), 1),
+            "install_ms_median": round(statistics.median(install_ms), 1) if install_ms else 0.0,
+            "gap_ms_p99_without_loads": round(p99, 1), "gap_ms_max_while_loading": round(worst, 1),
+            "gap_ratio": round(worst / p99, 2) if p99 else 0.0}
 
 
 def run_lora_bench(cfg: LoRABenchConfig, progress: Callable[[str], None] = print) -> dict[str, Any]:
