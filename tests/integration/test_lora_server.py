@@ -197,6 +197,10 @@ def test_cli_lists_loads_and_unloads_through_the_routes(tree, monkeypatch):
         assert listed.exit_code == 0 and "cli" in listed.output and "tiny" in listed.output
         again = runner.invoke(lora_app, ["load", "cli", "alpha", *url])
         assert again.exit_code != 0 and "409" in str(again.exception) and "already loaded" in str(again.exception)
+        bad = runner.invoke(lora_app, ["load", "cli", "big", "--replace", *url])  # rank 32 > 16: refused
+        assert bad.exit_code != 0 and "--max-lora-rank" in str(bad.exception)
+        assert "alpha" in runner.invoke(lora_app, ["list", *url], env={"COLUMNS": "200"}).output  # the old one stays
         assert runner.invoke(lora_app, ["load", "cli", "beta", "--replace", *url]).exit_code == 0
+        assert "beta" in runner.invoke(lora_app, ["list", *url], env={"COLUMNS": "200"}).output
         assert runner.invoke(lora_app, ["unload", "cli", *url]).exit_code == 0
         assert "no LoRA adapters loaded" in runner.invoke(lora_app, ["list", *url]).output

@@ -106,16 +106,23 @@ class AsyncEngine:
         """Where an adapter evicted for room (`--max-cpu-loras`) loads from again, if `name` is one."""
         return self._engine.loras.evicted.get(name)
 
-    async def load_lora(self, name: str, path: str, pinned: bool = False) -> int:
-        """Load an adapter between two steps (streams go on); its id."""
+    async def load_lora(self, name: str, path: str, pinned: bool = False, replace: bool = False) -> int:
+        """Load an adapter between two steps (streams go on); its id. `replace`: an adapter loaded under `name`
+        is swapped for this one, only once this one passed every check (a 409 while requests use the old one)."""
         if name == self.model_name:
             raise InvalidRequestError(f"LoRA adapter name {name!r} is the base model's name; pick another",
                                       field="lora_name")
-        if name in self.adapter_names:  # before reading any file; the engine thread checks again
+        if name in self.adapter_names and not replace:  # before reading any file; the engine thread checks again
             raise AdapterConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first or pick "
                                        "another name", field="lora_name")
         prepared = await asyncio.to_thread(self._engine.prepare_lora, path)  # the files off the engine thread
-        return int(await self.call(lambda: self._engine.add_lora(name, path, pinned, prepared)))
+
+        def swap() -> int:
+            if replace and name in self._engine.adapter_ids:
+                self._engine.remove_lora(name)
+            return self._engine.add_lora(name, path, pinned, prepared)
+
+        return int(await self.call(swap))
 
     async def unload_lora(self, name: str) -> None:
         """Unload an adapter between two steps (a 409 while a request uses it)."""

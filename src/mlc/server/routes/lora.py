@@ -27,7 +27,8 @@ class LoadLoRARequest(BaseModel):
     lora_name: str = Field(description="The name requests select the adapter by (`model`).")
     lora_path: str = Field(description="The PEFT adapter's directory, inside --lora-dir / --allowed-lora-paths.")
     pinned: bool = Field(False, description="Never evicted for room (--max-cpu-loras).")
-    load_inplace: bool = Field(False, description="vLLM's: replace an adapter of the same name (else 409).")
+    load_inplace: bool = Field(False, description="vLLM's: replace an adapter of the same name once the new one "
+                               "passed every check (else 409).")
 
 
 class UnloadLoRARequest(BaseModel):
@@ -73,9 +74,7 @@ async def load_lora_adapter(body: LoadLoRARequest, request: Request):
     name = check_name(body.lora_name)
     path = state.lora_paths.check(body.lora_path)
     engine = loaded_engine(state)
-    if body.load_inplace and name in engine.adapter_names:
-        await engine.unload_lora(name)
-    await engine.load_lora(name, str(path), body.pinned)
+    await engine.load_lora(name, str(path), body.pinned, replace=body.load_inplace)
     return next(_card(state, a) for a in engine.adapters() if a["name"] == name)
 
 
