@@ -200,6 +200,28 @@ def test_lora_adapter(root, llama_dir):
     assert_close(prompt2, reference)
 
 
+@pytest.mark.slow
+def test_lora_adapter_loaded_and_unloaded_at_run_time(root, llama_dir):
+    """Every rank attaches its part of an adapter loaded while serving, and detaches it on unload."""
+    from mlc.bench.lora_synth import write_random_adapter
+
+    adapter = write_random_adapter(root / "runtime_adapter", llama_dir, rank=4, seed=3, std=0.3)
+    one = LLM(str(llama_dir), kv_cache_memory=KV, max_seq_len=256, lora_adapters={"a": str(adapter)})
+    want = run(one, adapter="a")
+    llm = LLM(str(llama_dir), kv_cache_memory=KV, max_seq_len=256, tensor_parallel_size=2)
+    try:
+        plain = run(llm)
+        llm.engine.add_lora("a", str(adapter))
+        got = run(llm, adapter="a")
+        llm.engine.remove_lora("a")
+        after = run(llm)
+    finally:
+        llm.engine.shutdown()
+    assert got[0] == want[0] and got[0] != plain[0]
+    assert_close(got[1], want[1])
+    assert after[0] == plain[0]
+
+
 def test_bad_sizes_are_refused_before_any_worker_starts(llama_dir, monkeypatch):
     import subprocess
 

@@ -83,6 +83,11 @@ FLAGS: dict[str, Flag] = {
                                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}' (prompt lookup; "
                                "also prompt_lookup_min/max, disable_by_batch_size). Output unchanged.", type=str,
                                show_default=False),
+    "max_loras": Flag(("--max-loras",), "Most distinct LoRA adapters in one batch; a request whose adapter would "
+                      "pass it waits for a place (default: no bound)."),
+    "max_cpu_loras": Flag(("--max-cpu-loras",), "Most LoRA adapters held loaded; loading one more evicts the least "
+                          "recently used one that is not pinned or in use (default: no bound)."),
+    "max_lora_rank": Flag(("--max-lora-rank",), "Adapters of a higher rank are refused."),
     "verify": Flag(("--verify",), "Check every byte of a store model against its manifest before loading "
                    "(default: sizes and sampled hashes).", show_default=False),
 }

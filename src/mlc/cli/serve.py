@@ -12,6 +12,7 @@ from rich.console import Console
 from mlc.cli import common
 from mlc.cli.engine_options import EngineArgs, engine_options
 from mlc.errors import ConfigError
+from mlc.server.auth import ADMIN_ENV_VAR, keys_from_env
 
 err = Console(stderr=True)
 
@@ -121,6 +122,17 @@ def register(app: typer.Typer) -> None:
         lora: Annotated[Optional[list[str]], typer.Option(
             "--lora",
             help="NAME=DIR: serve a PEFT LoRA adapter; requests select it with model=NAME (repeatable).")] = None,
+        enable_lora_loading: Annotated[Optional[bool], typer.Option(
+            "--enable-lora-loading", help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (adapters "
+            "from --lora-dir / --allowed-lora-paths only).")] = None,
+        lora_dir: Annotated[Optional[list[str]], typer.Option(
+            "--lora-dir", help="DIR of adapter directories: a request for model NAME not loaded yet loads DIR/NAME; "
+            "the load route may read it (repeatable).")] = None,
+        allowed_lora_paths: Annotated[Optional[list[str]], typer.Option(
+            "--allowed-lora-paths", help="Another DIR the load route may read adapters from (repeatable).")] = None,
+        admin_api_key: Annotated[Optional[list[str]], typer.Option(
+            "--admin-api-key", help="Key for the adapter routes (repeatable; or MLC_ADMIN_API_KEY); with --api-key "
+            "set, those routes need one of these.")] = None,
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
         access_log: Annotated[bool, typer.Option("--access-log/--no-access-log")] = True,
         *,
@@ -143,7 +155,12 @@ def register(app: typer.Typer) -> None:
             "tool_call_parser": tool_call_parser, "api_lenient": api_lenient, "max_connections": max_connections,
             "header_timeout_s": header_timeout, "body_timeout_s": body_timeout,
             "keep_alive_timeout_s": keep_alive_timeout, "kv_role": kv_role,
+            "enable_lora_loading": enable_lora_loading, "lora_dirs": lora_dir,
+            "allowed_lora_paths": allowed_lora_paths,
         }
+        admin_keys = [*(admin_api_key or []), *keys_from_env(var=ADMIN_ENV_VAR)]
+        if admin_keys:
+            overrides["admin_api_keys"] = list(dict.fromkeys(admin_keys))
         if lora:
             overrides["engine.lora_adapters"] = parse_loras(lora)
         notes: list[str] = []

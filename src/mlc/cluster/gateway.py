@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from mlc.cluster.affinity import affinity_keys
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart
+from mlc.cluster.lora_sync import LOAD_PATH, UNLOAD_PATH, record
 from mlc.cluster.metrics_merge import gauge, merge
 from mlc.cluster.replica import REPLICA_APP, REPLICA_DEPLOYMENT
 from mlc.server.app import MAX_BODY_BYTES, body_limit_message
@@ -82,6 +83,8 @@ class Gateway:
                 log.warning("replica failed before answering %s %s: %s", fwd.method, fwd.path, e)
                 last = e
                 continue
+            if fwd.path in (LOAD_PATH, UNLOAD_PATH):  # every replica follows a successful one
+                await record(self.registry, fwd.path, fwd.body, start.status)
             headers = [h for h in start.headers] + [(b"x-mlc-replica", start.replica.encode())]
             response = StreamingResponse(self._body(stream, start), status_code=start.status)
             response.raw_headers = headers

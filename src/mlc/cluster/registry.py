@@ -1,5 +1,6 @@
 """The deployment's notice board, a small detached Ray actor: each replica posts a snapshot of itself every second
-(health, load, its Prometheus text), and `deploy` records what it deployed. The gateway's /metrics and
+(health, load, its Prometheus text), `deploy` records what it deployed, and the gateway the LoRA adapters loaded at
+run time (which every replica follows, `lora_sync.py`). The gateway's /metrics and
 `mlc-cli deploy status` read it."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class Registry:
     def __init__(self):
         self._snapshots: dict[str, dict] = {}
         self._spec: dict | None = None
+        self._loras: dict[str, dict] = {}  # adapters loaded at run time: every replica follows (lora_sync.py)
 
     def report(self, snapshot: dict) -> None:
         self._snapshots[snapshot["id"]] = {**snapshot, "seen": time.time()}
@@ -39,6 +41,15 @@ class Registry:
 
     def spec(self) -> dict | None:
         return self._spec
+
+    def set_lora(self, name: str, entry: dict) -> None:
+        self._loras[name] = entry
+
+    def drop_lora(self, name: str) -> None:
+        self._loras.pop(name, None)
+
+    def loras(self) -> dict[str, dict]:
+        return dict(self._loras)
 
 
 def get_registry(create: bool = False):

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
+from mlc.cluster.lora_sync import sync
 
 log = logging.getLogger("mlc.cluster.replica")
 
@@ -47,6 +48,7 @@ class ReplicaServer:
         self.started = time.time()
         self.registry = get_registry()
         self._push_s = float(spec.get("push_s", 1.0))
+        self._synced_loras: set[str] = set()  # adapters this replica loaded from the deployment's list
         self._pusher = asyncio.create_task(self._push_loop())
 
     async def forward(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
@@ -62,10 +64,12 @@ class ReplicaServer:
 
     def snapshot(self) -> dict:
         stats = self.state.stats()
+        engine = self.state.engine
+        adapters = engine.adapter_names if engine is not None else list(self.config.engine.lora_adapters)
         return {
             "id": self.id, "node": self.node, "pid": os.getpid(), "generation": self.generation,
             "model": self.config.engine.model, "served_model_name": self.state.model_id,
-            "adapters": sorted(self.config.engine.lora_adapters), "status": self.state.status,
+            "adapters": sorted(adapters), "status": self.state.status,
             "in_flight": len(self.state.active), "running": stats.num_running if stats else 0,
             "waiting": self.state.waiting(), "kv_cache_usage": stats.kv_cache_usage if stats else 0.0,
             "prefix_cache_hits": stats.prefix_cache_hits if stats else 0,
@@ -78,6 +82,7 @@ class ReplicaServer:
             try:
                 if self.registry is not None:
                     await self.registry.report.remote(self.snapshot())
+                    await sync(self.state, await self.registry.loras.remote(), self._synced_loras)
             except Exception as e:  # the registry restarting: post again next round
                 log.warning("could not post to the registry: %s", e)
             await asyncio.sleep(self._push_s)

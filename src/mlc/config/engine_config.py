@@ -89,6 +89,9 @@ class EngineConfig(BaseModel):
     speculative_config: SpeculativeConfig | None = None  # None: no speculative decoding
     seed: int = 0
     lora_adapters: dict[str, str] = Field(default_factory=dict)  # served adapter name -> PEFT adapter dir
+    max_loras: int | None = Field(None, ge=1)  # distinct LoRA adapters in one batch; None: no bound
+    max_cpu_loras: int | None = Field(None, ge=1)  # adapters held loaded (LRU eviction past it); None: no bound
+    max_lora_rank: int = Field(64, ge=1)  # adapters of a higher rank are refused
     num_threads: int | None = Field(None, ge=1)  # CPU compute threads; None: torch's default (one per core)
     tensor_parallel_size: int = Field(1, ge=1)  # ranks (processes) the model is split over; gloo on CPU
     enable_expert_parallel: bool = False  # MoE: whole experts spread over the ranks instead of split inside each

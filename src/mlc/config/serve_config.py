@@ -78,6 +78,10 @@ class ServeConfig(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0)  # a request's line and headers must arrive within this; else closed
     body_timeout_s: float = Field(60.0, gt=0)  # its body within this after the headers; else closed
     keep_alive_timeout_s: float = Field(5.0, gt=0)  # an idle keep-alive connection is closed after this
+    enable_lora_loading: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    lora_dirs: list[str] = []  # adapters load from here; a request for an unloaded adapter NAME loads DIR/NAME
+    allowed_lora_paths: list[str] = []  # more directories /v1/load_lora_adapter may read (no loading on first use)
+    admin_api_keys: list[str] = []  # keys for the adapter routes; with api_keys set, those routes need one of these
 
     @classmethod
     def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:

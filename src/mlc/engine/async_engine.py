@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from mlc.engine.grammar import GrammarSpec
 from mlc.engine.kv_transfer import KVHandle, PendingImport
 from mlc.engine.llm_engine import LLMEngine
+from mlc.engine.lora_manager import AdapterConflictError
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
@@ -104,6 +105,45 @@ class AsyncEngine:
         """0 for the base model (None or its served name), else a served LoRA adapter's id; 404 otherwise."""
         return 0 if name == self.model_name else self._engine.adapter_id(name)
 
+    def adapters(self) -> list[dict[str, Any]]:
+        """The loaded LoRA adapters: name, path, id, rank, pinned, targets, digest, created."""
+        return self._engine.loras.describe()
+
+    def evicted_adapter_path(self, name: str) -> str | None:
+        """Where an adapter evicted for room (`--max-cpu-loras`) loads from again, if `name` is one."""
+        return self._engine.loras.evicted.get(name)
+
+    async def load_lora(self, name: str, path: str, pinned: bool = False, replace: bool = False) -> int:
+        """Load an adapter between two steps (streams go on); its id. `replace`: an adapter loaded under `name`
+        is swapped for this one, only once this one passed every check (a 409 while requests use the old one)."""
+        if name == self.model_name:
+            raise InvalidRequestError(f"LoRA adapter name {name!r} is the base model's name; pick another",
+                                      field="lora_name")
+        if name in self.adapter_names and not replace:  # before reading any file; the engine thread checks again
+            raise AdapterConflictError(f"a LoRA adapter named {name!r} is already loaded; unload it first or pick "
+                                       "another name", field="lora_name")
+        prepared = await asyncio.to_thread(self._engine.prepare_lora, path)  # the files off the engine thread
+
+        def swap() -> int:
+            if replace and name in self._engine.adapter_ids:
+                self._engine.remove_lora(name)
+            return self._engine.add_lora(name, path, pinned, prepared)
+
+        return int(await self.call(swap))
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload an adapter between two steps (a 409 while a request uses it)."""
+        await self.call(lambda: self._engine.remove_lora(name))
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` on the engine thread between two steps; its result or its error."""
+        if self._thread is None or self._loop is None:
+            return fn()
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._commands.put(("call", fn, future))
+        self._wake.set()
+        return await future
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._engine.encode(text, add_special_tokens)
 
@@ -165,10 +205,10 @@ class AsyncEngine:
         self._wake.set()
         return self._outputs(rid, q)
 
-    def call(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
-        """Run `fn(engine)` on the engine's thread between steps (the KV connector's calls)."""
+    def submit(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Run `fn(engine)` on the engine's thread between steps, from any thread (the KV connector's calls)."""
         fut: Future[T] = Future()
-        self._commands.put(("call", fn, fut))
+        self._commands.put(("submit", fn, fut))
         self._wake.set()
         return fut
 
@@ -232,7 +272,7 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "call":
+            if cmd[0] == "submit":
                 try:
                     cmd[2].set_result(cmd[1](self._engine))
                 except Exception as e:
@@ -264,6 +304,8 @@ class AsyncEngine:
                     error = ended[0].error if ended else None
                     self._deliver(rid, error or EngineStepError(
                         f"internal engine error admitting this request ({type(e).__name__}: {e}); retry it"))
+            elif cmd[0] == "call":
+                self._call(cmd[1], cmd[2])
             else:
                 try:
                     final: list[RequestOutput | None] = [self._engine.abort(cmd[1], cmd[2])]
@@ -272,6 +314,14 @@ class AsyncEngine:
                 self._deliver_all(o for o in final if o is not None)  # a waiting consumer sees the request end
                 if final == [None]:
                     self._deliver_lost()
+
+    def _call(self, fn: Callable[[], Any], future: asyncio.Future[Any]) -> None:
+        assert self._loop is not None
+        try:
+            result, error = fn(), None
+        except Exception as e:  # the caller's error (a bad adapter): the engine goes on
+            result, error = None, e
+        self._loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _run(self) -> None:
         try:
@@ -331,3 +381,12 @@ class AsyncEngine:
         for rid in self._engine.request_ids():
             self._engine.abort(rid)
             self._deliver(rid, err)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

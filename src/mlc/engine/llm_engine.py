@@ -16,6 +16,7 @@ from mlc.engine.compiled_forward import compile_forward, uncompile
 from mlc.engine.grammar import Grammar, GrammarSpec
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.kv_transfer import KVConnector
+from mlc.engine.lora_manager import LoRAManager
 from mlc.engine.memory import size_cache
 from mlc.engine.model_runner import ModelRunner
 from mlc.engine.output_processor import OutputProcessor
@@ -38,7 +39,7 @@ from mlc.errors import (
     InvalidRequestError,
     ModelNotFoundError,
 )
-from mlc.layers.lora import LoRAAdapter
+from mlc.layers.lora import LoRAAdapter, PreparedAdapter
 from mlc.models.base import CausalLM
 from mlc.models.loader import describe_weights
 from mlc.models.tokenizer import eos_token_ids
@@ -117,7 +118,7 @@ class LLMEngine(PDMixin):
                  " (sized from the KV budget)" if plan.batch_auto else "")
         self.scheduler = Scheduler(
             self.page_manager, self.max_batch_size, config.max_num_batched_tokens, config.enable_chunked_prefill,
-            self.eos_ids, self.sparse,
+            self.eos_ids, self.sparse, config.max_loras,
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
@@ -128,25 +129,39 @@ class LLMEngine(PDMixin):
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs, self.kv)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
                                   self.page_manager, self.sparse, config.max_num_batched_tokens)
-        self.adapters: dict[str, LoRAAdapter] = {}
-        self.adapter_ids: dict[str, int] = {}
+        self.loras = LoRAManager(lambda i, n, p, pre: self.runner.attach_adapter(i, n, p, config.max_lora_rank, pre),
+                                 self.runner.detach_adapter, self.scheduler.adapter_users, config.max_cpu_loras)
         for name, path in config.lora_adapters.items():
-            self.add_lora(name, path)
+            self.add_lora(name, path, pinned=True)
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
-    def add_lora(self, name: str, path: str) -> int:
-        """Serve a PEFT LoRA adapter under `name`; requests pick it with `adapter_id`. Returns that id."""
+    def add_lora(self, name: str, path: str, pinned: bool = False, prepared: PreparedAdapter | None = None) -> int:
+        """Serve a PEFT LoRA adapter under `name` (between steps, at any time); requests pick it with `adapter_id`.
+        Returns that id (never reused). `pinned`: never evicted for room (`engine/lora_manager.py`)."""
         if not name or name == self.model_name:
-            raise ConfigError(f"LoRA adapter name {name!r} must be non-empty and differ from the base model's name")
-        if name in self.adapter_ids:
-            raise ConfigError(f"a LoRA adapter named {name!r} is already loaded")
-        adapter_id = len(self.adapter_ids) + 1
+            raise ConfigError(f"LoRA adapter name {name!r} must be non-empty and differ from the base model's name",
+                              field="lora_name")
         if self.config.compile:
             uncompile(self.model, f"LoRA adapter {name!r} loaded")
-        self.adapters[name] = self.runner.attach_adapter(adapter_id, name, path)
-        self.adapter_ids[name] = adapter_id
-        return adapter_id
+        return self.loras.add(name, path, pinned, prepared).adapter_id
+
+    def prepare_lora(self, path: str) -> PreparedAdapter | None:
+        """Read and check an adapter without touching the engine (safe off its thread): `add_lora(prepared=...)`
+        then only writes it in."""
+        return self.runner.prepare_adapter(path, self.config.max_lora_rank)
+
+    def remove_lora(self, name: str) -> None:
+        """Unload an adapter (a 409 `AdapterConflictError` while a running or waiting request uses it)."""
+        self.loras.remove(name)
+
+    @property
+    def adapter_ids(self) -> dict[str, int]:
+        return {name: e.adapter_id for name, e in list(self.loras.loaded.items())}
+
+    @property
+    def adapters(self) -> dict[str, LoRAAdapter]:
+        return {name: e.info for name, e in list(self.loras.loaded.items())}
 
     def adapter_id(self, name: str | None) -> int:
         """0 for the base model (None or its own name), else the id of a loaded adapter."""
@@ -188,10 +203,10 @@ class LLMEngine(PDMixin):
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not validated:
             self.validate(ids, params)
-        if adapter_id and adapter_id not in self.adapter_ids.values():
-            raise InvalidRequestError(f"adapter id {adapter_id} is not loaded", field="model")
+        adapter_key = self.loras.touch(adapter_id).key if adapter_id else 0
         grammar = self.compile_grammar(params.grammar) if params.grammar is not None else None
-        seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len, grammar=grammar)
+        seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len, grammar=grammar,
+                       adapter_key=adapter_key)
         self.outputs.add(request_id, ids, params, seq)
         self.prompt_tokens += len(ids)
         self.scheduler.add(seq)

@@ -16,7 +16,15 @@ from mlc.engine.page_manager import PageCopy
 from mlc.engine.sequence import ScheduledSeq
 from mlc.errors import EngineDeadError
 from mlc.layers.attention import build_attention_metadata
-from mlc.layers.lora import LoRAAdapter, attach_adapter, lora_rows
+from mlc.layers.lora import (
+    LoRAAdapter,
+    PreparedAdapter,
+    attach_adapter,
+    detach_adapter,
+    install_adapter,
+    lora_rows,
+    prepare_adapter,
+)
 from mlc.models.base import CausalLM
 
 log = logging.getLogger("mlc.engine")
@@ -92,9 +100,20 @@ class ModelRunner:
             logits, scored = self.execute(prepare_step(scheduled))
         return StepOutput(logits, scored, scheduled)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str) -> LoRAAdapter:
+    def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None,
+                       prepared: PreparedAdapter | None = None) -> LoRAAdapter:
         with parallel_scope(self.parallel):
-            return attach_adapter(self.model, adapter_id, name, Path(path))
+            if prepared is not None:
+                return install_adapter(self.model, adapter_id, name, prepared)
+            return attach_adapter(self.model, adapter_id, name, Path(path), max_rank)
+
+    def prepare_adapter(self, path: str, max_rank: int | None = None) -> PreparedAdapter | None:
+        """The adapter read and checked, from any thread (None where every rank must read it itself)."""
+        with parallel_scope(self.parallel):
+            return prepare_adapter(self.model, Path(path), max_rank)
+
+    def detach_adapter(self, adapter_id: int) -> None:
+        detach_adapter(self.model, adapter_id)
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:

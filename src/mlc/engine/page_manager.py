@@ -1,5 +1,5 @@
 """Pages of the KV cache: a free list, reference counts, and a prefix cache keyed by
-hash(parent page hash, page tokens, adapter id).
+hash(parent page hash, page tokens, adapter key: the adapter's digest).
 
 Page 0 is reserved and never handed out: it stays zero, and padded attention gathers read it.
 Freed pages that hold a cached prefix stay findable until the page is handed out again (least recently freed first);
@@ -90,7 +90,7 @@ class PageManager:
         hashes: list[int] = []
         for i in range(usable):
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
-            h = page_hash(parent, chunk, seq.adapter_id)
+            h = page_hash(parent, chunk, seq.adapter_key or seq.adapter_id)
             self.prefix_queries += 1
             page = self.hash_to_page.get(h)
             if page is None or self.page_key[page][1] != chunk:
@@ -149,7 +149,7 @@ class PageManager:
         while len(hashes) < full:
             i = len(hashes)
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
-            h = page_hash(hashes[-1] if hashes else None, chunk, seq.adapter_id)
+            h = page_hash(hashes[-1] if hashes else None, chunk, seq.adapter_key or seq.adapter_id)
             hashes.append(h)
             page = seq.page_table[i]
             if h not in self.hash_to_page and page not in self.page_key:

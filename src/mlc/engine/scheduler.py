@@ -42,6 +42,7 @@ class Scheduler:
         enable_chunked_prefill: bool = True,
         eos_token_ids: set[int] | None = None,
         sparse: SparseKV | None = None,
+        max_loras: int | None = None,
     ):
         self.pages = page_manager
         self.eos_token_ids = set(eos_token_ids or ())
@@ -53,6 +54,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.on_finish: Callable[[Sequence], None] | None = None  # sees a finished sequence before its pages go
+        self.max_loras = max_loras  # distinct LoRA adapters in one batch; None: no bound
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
@@ -124,9 +126,17 @@ class Scheduler:
         return True
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
-        """Admit waiting sequences while the batch, the budget and the pages allow; returns the budget left."""
+        """Admit waiting sequences while the batch, the budget and the pages allow; returns the budget left. A
+        sequence whose adapter would take the batch past `max_loras` adapters is held back (in its place) while
+        the ones behind it may go."""
+        held: list[Sequence] = []
+        adapters = {s.adapter_id for s in self.running if s.adapter_id}
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
+            if self.max_loras and seq.adapter_id and seq.adapter_id not in adapters \
+                    and len(adapters) >= self.max_loras:
+                held.append(self.waiting.popleft())
+                continue
             if not seq.page_table:
                 self.pages.match_prefix(seq)
             k = self._chunk(seq, budget, bool(out.scheduled))
@@ -139,7 +149,14 @@ class Scheduler:
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, k))
             budget -= k
+            if seq.adapter_id:
+                adapters.add(seq.adapter_id)
+        self.waiting.extendleft(reversed(held))
         return budget
+
+    def adapter_users(self, adapter_id: int) -> int:
+        """Running and waiting sequences that use the adapter."""
+        return sum(s.adapter_id == adapter_id for s in (*self.running, *self.waiting))
 
     def _fits(self, seq: Sequence, num_entries: int) -> bool:
         """Admission keeps a small reserve of pages so running sequences can keep decoding."""
@@ -228,7 +245,7 @@ class Scheduler:
         for j in range(1, num + 1):
             child = Sequence(parent.request_id, parent.prompt_ids, parent.params, adapter_id=parent.adapter_id,
                              sample_index=j, max_len=parent.max_len, arrival_time=parent.arrival_time,
-                             grammar=parent.grammar)
+                             grammar=parent.grammar, adapter_key=parent.adapter_key)
             child.first_scheduled_time = parent.first_scheduled_time
             self.pages.fork(parent, child)
             self.add_running(child)

@@ -75,6 +75,7 @@ class Sequence:
     matcher: LLMatcher | None = None  # this sequence's own place in it: moved on by the scheduler, read by the sampler
     draft_ids: list[int] = field(default_factory=list)  # speculative tokens proposed for the next step (unverified)
     drafter: object | None = None  # the drafter's own state for this sequence (engine/speculative.py)
+    adapter_key: int = 0  # the prefix cache's key for the adapter (its contents' digest); 0: use adapter_id
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -12,7 +12,7 @@ from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner, StepInputs
 from mlc.engine.page_manager import PageCopy
 from mlc.engine.tp_group import TPGroup
-from mlc.layers.lora import LoRAAdapter
+from mlc.layers.lora import LoRAAdapter, PreparedAdapter
 from mlc.models.base import CausalLM
 
 
@@ -31,8 +31,15 @@ class TPModelRunner(ModelRunner):
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.group.run("move_slots", super().move_slots, src, dst)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str) -> LoRAAdapter:
-        return self.group.run("attach_adapter", super().attach_adapter, adapter_id, name, str(path))
+    def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None,
+                       prepared: PreparedAdapter | None = None) -> LoRAAdapter:
+        return self.group.run("attach_adapter", super().attach_adapter, adapter_id, name, str(path), max_rank)
+
+    def prepare_adapter(self, path: str, max_rank: int | None = None) -> PreparedAdapter | None:
+        return None  # every rank reads its own part when it attaches
+
+    def detach_adapter(self, adapter_id: int) -> None:
+        self.group.run("detach_adapter", super().detach_adapter, adapter_id)
 
 
 def start_tensor_parallel(config: EngineConfig, model: CausalLM | None) -> tuple[CausalLM, TPGroup]:

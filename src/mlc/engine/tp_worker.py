@@ -65,8 +65,11 @@ class Worker:
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         self.runner.move_slots(src, dst)
 
-    def attach_adapter(self, adapter_id: int, name: str, path: str) -> None:
-        self.runner.attach_adapter(adapter_id, name, path)
+    def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None) -> None:
+        self.runner.attach_adapter(adapter_id, name, path, max_rank)
+
+    def detach_adapter(self, adapter_id: int) -> None:
+        self.runner.detach_adapter(adapter_id)
 
 
 def _connect(control_port: int, rank: int) -> Connection:

@@ -26,7 +26,7 @@ from mlc.server.protocol.anthropic import MessageStreamEvent
 from mlc.server.protocol.responses import ResponseStreamEvent
 from mlc.server.protocol.responses_doc import add_event_schemas
 from mlc.server.protocol.schemas import ChatCompletionChunk, GenerateEvent
-from mlc.server.routes import health, messages, native, openai_api, pages, responses, tokenize
+from mlc.server.routes import health, lora, messages, native, openai_api, pages, responses, tokenize
 from mlc.server.state import ServerState, default_engine_factory
 
 MAX_BODY_BYTES = 32 * 2**20
@@ -56,15 +56,15 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     app.state.mlc = state
     install_error_handlers(app)
     # pages: /, /dashboard, /train, /api/*
-    for module in (health, native, openai_api, responses, messages, tokenize, metrics, pages):
+    for module in (health, native, openai_api, lora, responses, messages, tokenize, metrics, pages):
         app.include_router(module.router)
     app.include_router(kv_router)
 
     _finish_openapi(app)
     app.add_middleware(PDMiddleware, role=config.kv_role)  # innermost: the transfer headers, per request
     app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # auth and audit see the 413 first
-    if config.api_keys:
-        app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
+    if config.api_keys or config.admin_api_keys:
+        app.add_middleware(APIKeyMiddleware, keys=config.api_keys, admin_keys=config.admin_api_keys)
     if state.audit_log is not None or state.hooks.enabled:
         app.add_middleware(AuditMiddleware, audit_log=state.audit_log, hooks=state.hooks, model=state.model_id)
     app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # auth's 401s come before routing: unmatched

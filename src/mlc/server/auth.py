@@ -22,14 +22,16 @@ log = logging.getLogger("mlc.server")
 OPEN_PATHS = frozenset({"/health", "/ready", "/live", "/", "/favicon.ico", "/dashboard", "/train"})  # pages: no data
 OPEN_PREFIXES = ("/static/",)
 ENV_VAR = "MLC_API_KEY"
+ADMIN_ENV_VAR = "MLC_ADMIN_API_KEY"
+ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})  # change what the server serves
 
 # Documents the scheme in /openapi.json; the middleware does the checking.
 bearer_scheme = HTTPBearer(auto_error=False, description="Needed when the server runs with --api-key / MLC_API_KEY.")
 
 
-def keys_from_env(value: str | None = None) -> list[str]:
-    """MLC_API_KEY holds one key or several, comma-separated."""
-    raw = os.environ.get(ENV_VAR, "") if value is None else value
+def keys_from_env(value: str | None = None, var: str = ENV_VAR) -> list[str]:
+    """MLC_API_KEY (or MLC_ADMIN_API_KEY) holds one key or several, comma-separated."""
+    raw = os.environ.get(var, "") if value is None else value
     return [k.strip() for k in raw.split(",") if k.strip()]
 
 
@@ -51,19 +53,29 @@ def check_authorization(header: str | None, keys: list[str]) -> str | None:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: list[str]):
+    """`keys` guard every route but the open ones; the admin routes (`ADMIN_PATHS`: loading adapters) take only
+    `admin_keys`, and are closed to everyone when `keys` are set and `admin_keys` are not."""
+
+    def __init__(self, app: ASGIApp, keys: list[str], admin_keys: list[str] | None = None):
         self.app = app
         self.keys = list(keys)
+        self.admin_keys = list(admin_keys or [])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or is_open(scope["path"]) or scope["method"] == "OPTIONS":
+        admin = scope["type"] == "http" and scope["path"] in ADMIN_PATHS
+        keys = (self.admin_keys or self.keys) if admin else self.keys
+        if scope["type"] != "http" or not keys or is_open(scope["path"]) or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         given = headers.get("authorization")
-        problem = check_authorization(given, self.keys)
+        problem = check_authorization(given, keys)
         if problem is not None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
-            problem = check_authorization(f"Bearer {headers['x-api-key']}", self.keys)
+            problem = check_authorization(f"Bearer {headers['x-api-key']}", keys)
+        if admin and not self.admin_keys:
+            problem = "this route needs an admin key and the server has none (start it with --admin-api-key)"
+        elif admin and problem is not None:
+            problem = f"{problem} (this route takes an --admin-api-key key)"
         if problem is None:
             await self.app(scope, receive, send)
             return

@@ -112,7 +112,7 @@ class PD:
         handle = pending.handle
         if not handle.address or not handle.store:
             raise ValueError("the KV handle names no prefill instance")
-        num_bytes = engine.call(lambda e: pack_bytes(e.kv_cache, len(pending.src_pages))).result(self.timeout)
+        num_bytes = engine.submit(lambda e: pack_bytes(e.kv_cache, len(pending.src_pages))).result(self.timeout)
         with self.receiver.lock(handle.store), httpx.Client(timeout=self.timeout) as client:
             tag = self.receiver.next_tag()
             r = client.post(f"{handle.address}/v1/kv/pull", json={
@@ -181,7 +181,7 @@ async def finish_prefill(state: ServerState, request_id: str) -> None:
     pd = state.pd
     if exchange is None or not exchange.prefill or pd is None or pd.sender is None:
         return
-    handle = await asyncio.wrap_future(loaded_engine(state).call(lambda e: e.kv_handle(request_id)))
+    handle = await asyncio.wrap_future(loaded_engine(state).submit(lambda e: e.kv_handle(request_id)))
     if handle is not None:
         handle.store = pd.sender.address
         exchange.handle_out = handle.to_dict()
@@ -215,7 +215,7 @@ def _sender(request: Request) -> tuple[ServerState, KVSender]:
 async def pull(body: PullBody, request: Request):
     state, sender = _sender(request)
     try:
-        buf = await asyncio.wrap_future(loaded_engine(state).call(lambda e: e.export_kv(body.request_id,
+        buf = await asyncio.wrap_future(loaded_engine(state).submit(lambda e: e.export_kv(body.request_id,
                                                                                         body.skip_pages)))
     except KeyError:
         return JSONResponse(error_body(f"no KV lease for {body.request_id!r} (expired or released); compute the "
@@ -228,5 +228,5 @@ async def pull(body: PullBody, request: Request):
 @router.post("/v1/kv/release", summary="End a KV lease (the decode instance pulled the pages)")
 async def release(body: ReleaseBody, request: Request):
     state, _ = _sender(request)
-    released = await asyncio.wrap_future(loaded_engine(state).call(lambda e: e.release_kv(body.request_id)))
+    released = await asyncio.wrap_future(loaded_engine(state).submit(lambda e: e.release_kv(body.request_id)))
     return {"released": released}

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from mlc.config.serve_config import ServeConfig
 from mlc.engine.async_engine import AsyncEngine
+from mlc.engine.lora_manager import AdapterConflictError
 from mlc.engine.sequence import FinishReason
-from mlc.errors import MlcError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
+from mlc.errors import MlcError, ModelNotFoundError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
 from mlc.server.input_policy import InputPolicy
+from mlc.server.lora_paths import LoRAPaths
 from mlc.server.observability.audit import AuditLog
 from mlc.server.observability.hooks import HookRunner, HooksConfig
 from mlc.server.observability.metrics import ServerMetrics
@@ -68,6 +70,7 @@ class ServerState:
         self.pd: PD | None = None  # the KV connector's ends (`--kv-role`), once the engine is loaded
         self._engine_factory = engine_factory
         self._mean_latency = 1.0
+        self.lora_paths = LoRAPaths(config.lora_dirs, config.allowed_lora_paths)
 
     # lifecycle
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -188,6 +191,23 @@ class ServerState:
     def check_model(self, model: str | None) -> int:
         """The adapter id a request's `model` selects: 0 for the base model, else a served LoRA adapter's."""
         return loaded_engine(self).adapter_id(model)
+
+    async def resolve_model(self, model: str | None) -> int:
+        """`check_model`, loading the adapter first where it is not loaded but known: evicted for room, or
+        `--lora-dir`/NAME (the resolver)."""
+        engine = loaded_engine(self)
+        try:
+            return engine.adapter_id(model)
+        except ModelNotFoundError:
+            path = engine.evicted_adapter_path(model) if model else None
+            found = self.lora_paths.find(model) if model and path is None else None
+            if model is None or (path is None and found is None):
+                raise
+        try:
+            await engine.load_lora(model, path or str(found))
+        except AdapterConflictError:
+            pass  # another request loaded it meanwhile
+        return engine.adapter_id(model)
 
 
 def started_loop(state: ServerState) -> asyncio.AbstractEventLoop:

@@ -354,6 +354,8 @@ class ModelCard(BaseModel):
     owned_by: str = "mlc"
     max_model_len: int
     weights: str | None = Field(None, description="What the weights run as and why, e.g. int4 from a Q4_1 GGUF.")
+    parent: str | None = Field(None, description="A LoRA adapter's base model (null for the base model).")
+    root: str | None = Field(None, description="A LoRA adapter's directory.")
 
 
 class ModelList(BaseModel):

@@ -50,14 +50,14 @@ def as_chat(fields: dict) -> ChatCompletionRequest:
 
 async def plan_only(body: ChatCompletionRequest, request: Request) -> ChatPlan:
     """The prompt the chat path would run (for token counts), without running it."""
-    state, _, _, _ = _begin(body, request)
+    state, _, _, _ = await _begin(body, request)
     return await off_loop(plan_chat, state, body, _limits(state, body).context)
 
 
 async def start_chat(body: ChatCompletionRequest, request: Request, id_prefix: str,
                      max_field: str) -> ChatRun:
     """Admit and start `body` as /v1/chat/completions would; errors name `max_field` for the token bound."""
-    state, info, adapter_id, model_name = _begin(body, request)
+    state, info, adapter_id, model_name = await _begin(body, request)
     max_tokens, _ = _chat_checks(body, info)
     limits = _limits(state, body)
     plan = await off_loop(plan_chat, state, body, limits.context)

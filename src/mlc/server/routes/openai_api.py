@@ -48,9 +48,11 @@ def _model_cards(request: Request) -> list[ModelCard]:
     state = rr.get_state(request)
     state.require_engine()
     engine = loaded_engine(state)
-    names = [state.model_id, *engine.adapter_names]  # the base model, then its LoRA adapters
-    return [ModelCard(id=n, created=state.created, max_model_len=engine.max_seq_len, weights=engine.weights)
-            for n in names]
+    base = ModelCard(id=state.model_id, created=state.created, max_model_len=engine.max_seq_len,
+                     weights=engine.weights)
+    return [base, *(ModelCard(id=a["name"], created=a["created"], max_model_len=engine.max_seq_len,
+                              weights=engine.weights, parent=state.model_id, root=a["path"])
+                    for a in engine.adapters())]  # the base model, then its LoRA adapters
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model")
@@ -70,13 +72,14 @@ async def retrieve_model(model: str, request: Request):
                         field="model")
 
 
-def _begin(body: OpenAIRequest, request: Request):
-    """(state, audit info, adapter id, model name) for a generating request; 503 while the model loads."""
+async def _begin(body: OpenAIRequest, request: Request):
+    """(state, audit info, adapter id, model name) for a generating request; 503 while the model loads. An
+    adapter known but not loaded (evicted, or in --lora-dir) loads first."""
     state = rr.get_state(request)
     info = audit_info(request.scope)
     info.user = body.user
     state.require_engine()
-    return state, info, state.check_model(body.model), body.model or state.model_id
+    return state, info, await state.resolve_model(body.model), body.model or state.model_id
 
 
 def _limits(state: ServerState, body: OpenAIRequest) -> Limits:
@@ -119,7 +122,7 @@ async def completions(body: CompletionRequest, request: Request):
     at most one of response_format, structured_outputs and guided_*; `context_length` or
     `context_profile`, not both; each prompt + `max_tokens` fits the context. `echo` with `logprobs` returns the
     prompt tokens' logprobs first (lm-eval's local-completions scores this way)."""
-    state, info, adapter_id, model_name = _begin(body, request)
+    state, info, adapter_id, model_name = await _begin(body, request)
     if body.suffix is not None:
         raise UnsupportedFeatureError("suffix (insertion) is not supported; omit it", field="suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -192,7 +195,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     user message is not empty; `context_length` or `context_profile`, not both; the prompt + completion fits the
     context. Tool calls come back in message.tool_calls (finish_reason tool_calls; with the legacy functions, in
     message.function_call with finish_reason function_call), GLM-4.5+ reasoning in message.reasoning_content."""
-    state, info, adapter_id, model_name = _begin(body, request)
+    state, info, adapter_id, model_name = await _begin(body, request)
     max_tokens, max_field = _chat_checks(body, info)
     limits = _limits(state, body)
     plan = await off_loop(plan_chat, state, body, limits.context)

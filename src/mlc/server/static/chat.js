@@ -28,6 +28,7 @@
     return v;
   }
 
+  let shownModels = null;
   async function loadModels() {
     try {
       const body = await MLC.json("/v1/models");
@@ -36,12 +37,15 @@
       $("model-info").textContent = "Could not list models: " + e.message;
       return;
     }
+    const ids = models.map((m) => m.id).join("\n");
+    if (ids === shownModels) return;  // unchanged: keep the open list as it is
+    shownModels = ids;
     const sel = $("model"), want = store.settings().model;
     sel.textContent = "";
     models.forEach((m, k) => {
       const o = document.createElement("option");
       o.value = m.id;
-      o.textContent = m.id + (k === 0 ? " (base)" : " (adapter)");
+      o.textContent = m.id + (m.parent ? " (adapter of " + m.parent + ")" : k === 0 ? " (base)" : " (adapter)");
       sel.appendChild(o);
     });
     if (models.some((m) => m.id === want)) sel.value = want;
@@ -288,6 +292,7 @@
     $("toggle-settings").addEventListener("click", (e) => toggleDrawer("settings", e.currentTarget));
     document.querySelectorAll(".drawer-close").forEach((b) => b.addEventListener("click", closeDrawers));
     document.addEventListener("mlc:key", loadModels);
+    $("model").addEventListener("focus", loadModels);  // adapters loaded at run time show up
     MLC.watchHealth(loadModels);
   });
 })(window.MLC);
