@@ -20,7 +20,7 @@ from mlc.server.errors import error_body, install_error_handlers
 from mlc.server.observability import metrics
 from mlc.server.observability.audit import AuditMiddleware
 from mlc.server.observability.hooks import HooksConfig
-from mlc.server.pd import PDMiddleware
+from mlc.server.pd import PDMiddleware, attach_pd
 from mlc.server.pd import router as kv_router
 from mlc.server.protocol.anthropic import MessageStreamEvent
 from mlc.server.protocol.responses import ResponseStreamEvent
@@ -61,6 +61,7 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     app.include_router(kv_router)
 
     _finish_openapi(app)
+    state.on_ready.append(lambda engine: attach_pd(state, engine))
     app.add_middleware(PDMiddleware, role=config.kv_role)  # innermost: the transfer headers, per request
     app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # auth and audit see the 413 first
     if config.api_keys or config.admin_api_keys:

@@ -86,6 +86,12 @@ def advertised_host(host: str) -> str:
     return socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
 
 
+def attach_pd(state: ServerState, engine: AsyncEngine) -> None:
+    """`state.on_ready`'s hook: the connector's ends for the server's role, on the loaded engine."""
+    state.pd = PD(state.config.kv_role, state.config.host, state.config.engine.kv_lease_timeout)
+    state.pd.attach(engine)
+
+
 class PD:
     """A server's connector ends: the sender (prefill roles) and the receiver (decode roles)."""
 

@@ -30,7 +30,6 @@ from mlc.server.token_text import TokenText
 if TYPE_CHECKING:
     from mlc.engine.llm_engine import LLMEngine
     from mlc.engine.outputs import EngineStats
-    from mlc.server.pd import PD
 
 log = logging.getLogger("mlc.server")
 
@@ -67,7 +66,8 @@ class ServerState:
         self.hooks = HookRunner(hooks or HooksConfig())
         self.active: set[InFlight] = set()
         self.on_fatal: Callable[[], None] | None = None  # set by the runner: stop the process
-        self.pd: PD | None = None  # the KV connector's ends (`--kv-role`), once the engine is loaded
+        self.pd: Any = None  # the KV connector's ends (`--kv-role`: server/pd.py's PD) once the engine is loaded
+        self.on_ready: list[Callable[[AsyncEngine], None]] = []  # what app.py wires to the loaded engine
         self._engine_factory = engine_factory
         self._mean_latency = 1.0
         self.lora_paths = LoRAPaths(config.lora_dirs, config.allowed_lora_paths)
@@ -109,10 +109,8 @@ class ServerState:
         self.token_text = TokenText(self.engine.tokenizer)
         self.engine.on_dead = lambda err: self._fail(err.message, 1)  # exit non-zero: a supervisor restarts us
         self.engine.start(self.loop)
-        from mlc.server.pd import PD
-
-        self.pd = PD(self.config.kv_role, self.config.host, self.config.engine.kv_lease_timeout)
-        self.pd.attach(engine)
+        for hook in self.on_ready:
+            hook(engine)
         self.metrics.watch_engine(self.stats, self.waiting, engine.page_size)
         if self.status == LOADING:
             self.status = HEALTHY
