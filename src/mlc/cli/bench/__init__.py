@@ -7,7 +7,7 @@ import importlib
 
 import typer
 
-COMMANDS = ["serve", "offline", "kv", "quant", "compare", "spec", "tp"]  # in the order --help lists them
+COMMANDS = ["serve", "offline", "kv", "quant", "compare", "spec", "tp", "pp"]  # in the order --help lists them
 
 
 def register(app: typer.Typer) -> None:
