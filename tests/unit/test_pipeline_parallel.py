@@ -93,3 +93,20 @@ def test_without_a_cap_a_step_takes_every_sequence():
         sched.add(make_seq(3))
     out, _ = step(sched)
     assert len(out.scheduled) == 3
+
+
+def test_metrics_show_each_stages_busy_time_and_steps():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from mlc.engine.outputs import EngineStats
+    from mlc.server.observability.metrics import EngineCollector
+
+    stats = EngineStats(0, 0, 0.0, 10, 10, 0, 0, 0, 0, 0, stage_busy=[(1.5, 7), (2.25, 7)])
+    registry = CollectorRegistry()
+    registry.register(EngineCollector("m", lambda: stats, lambda: 0, 16))
+    text = generate_latest(registry).decode()
+    assert 'mlc:pipeline_stage_busy_seconds_total{model_name="m",stage="1"} 2.25' in text
+    assert 'mlc:pipeline_stage_steps_total{model_name="m",stage="0"} 7.0' in text
+    registry = CollectorRegistry()
+    registry.register(EngineCollector("m", lambda: EngineStats(0, 0, 0.0, 10, 10, 0, 0, 0, 0, 0), lambda: 0, 16))
+    assert "pipeline_stage" not in generate_latest(registry).decode()  # one process: no such series

@@ -343,4 +343,5 @@ class LLMEngine:
             prefix_cache_queries=pm.prefix_queries, prefix_cache_hits=pm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, spec=self.speculator.snapshot(),
+            stage_busy=self.pipeline.utilization() if self.pipeline is not None else [],
         )

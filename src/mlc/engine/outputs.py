@@ -71,3 +71,4 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counters (zeros without it)
+    stage_busy: list[tuple[float, int]] = field(default_factory=list)  # pipeline stages: (busy seconds, steps)
