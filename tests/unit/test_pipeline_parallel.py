@@ -110,3 +110,33 @@ def test_metrics_show_each_stages_busy_time_and_steps():
     registry = CollectorRegistry()
     registry.register(EngineCollector("m", lambda: EngineStats(0, 0, 0.0, 10, 10, 0, 0, 0, 0, 0), lambda: 0, 16))
     assert "pipeline_stage" not in generate_latest(registry).decode()  # one process: no such series
+
+
+def test_a_replica_with_stages_holds_a_device_per_stage_on_one_node():
+    from mlc.cluster.resources import needed, replica_actor_options
+    from mlc.cluster.service import check_stages, replica_serve_config
+    from mlc.config.cluster_config import ClusterConfig
+    from mlc.config.serve_config import ServeConfig
+
+    cfg = ClusterConfig(model="m", hardware="nvidia-h200", nodes=["a", "b"], pipeline_parallel_size=4,
+                        data_parallel_size=4)
+    check_stages(cfg)
+    assert replica_actor_options(cfg, "cuda")["num_gpus"] == 4
+    assert needed(cfg, "cuda", "inference")["GPU"] == 16
+    engine = replica_serve_config(cfg, ServeConfig(), "cuda").engine
+    assert engine.pipeline_parallel_size == 4 and engine.tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(pipeline_parallel_size=16, data_parallel_size=1), "spans nodes .* not built yet; use "
+                                                            "pipeline_parallel_size 8 or less"),
+    (dict(pipeline_parallel_size=2, tensor_parallel_size=4, data_parallel_size=1),
+     "tensor parallelism inside a pipeline stage is not built yet"),
+])
+def test_replicas_with_stages_that_cannot_run_yet_are_refused_before_anything_starts(change, message):
+    from mlc.cluster.service import check_stages
+    from mlc.config.cluster_config import ClusterConfig
+    from mlc.errors import ClusterError
+
+    with pytest.raises(ClusterError, match=message):
+        check_stages(ClusterConfig(model="m", hardware="nvidia-h200", nodes=["a", "b"], **change))

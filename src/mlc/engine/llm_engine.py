@@ -99,7 +99,15 @@ class LLMEngine:
         if self.tp_group is not None:  # every rank holds the same pages of its own heads (or its stage's layers)
             self.tp_group.run("init_cache", lambda *a: None, self.cache_plan.num_pages, config.page_size,
                               config.kv_cache_dtype)
-            self.runner: ModelRunner = self.tp_group.runner_for(model, self.kv_cache)
+            if config.pipeline_parallel_size > 1:
+                from mlc.engine.pp_runner import PPGroup, PPModelRunner
+
+                assert isinstance(self.tp_group, PPGroup)
+                self.runner: ModelRunner = PPModelRunner(model, self.kv_cache, self.tp_group)
+            else:
+                from mlc.engine.tp_runner import TPModelRunner
+
+                self.runner = TPModelRunner(model, self.kv_cache, self.tp_group)
         else:
             self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv

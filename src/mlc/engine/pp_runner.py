@@ -22,7 +22,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -40,8 +40,22 @@ from mlc.layers.lora import LoRAAdapter
 from mlc.models.base import CausalLM
 
 if TYPE_CHECKING:
-    from mlc.engine.llm_engine import LLMEngine
     from mlc.engine.outputs import RequestOutput
+    from mlc.engine.recovery import Recovery
+    from mlc.engine.scheduler import Scheduler
+    from mlc.engine.sequence import FinishReason
+
+
+class PipelinedEngine(Protocol):
+    """What `Pipeline` uses of `LLMEngine`."""
+
+    scheduler: Scheduler
+    runner: ModelRunner
+    recovery: Recovery
+
+    def _finish_step(self, step: StepOutput) -> list[RequestOutput]: ...
+
+    def abort(self, request_id: str, reason: FinishReason = ...) -> RequestOutput | None: ...
 
 log = logging.getLogger("mlc.engine")
 
@@ -63,9 +77,6 @@ class PPGroup(TPGroup):
         self.links = pipeline_links(self.size)  # the driver stays a whole-model rank: no tensor parallelism
         log.info("pipeline parallel: %d stages over %s (%s), layers %s", self.size, backend, device.type,
                  ", ".join(f"{a}-{b - 1}" for a, b in self.ranges))
-
-    def runner_for(self, model: Any, kv_cache: Any) -> Any:
-        return PPModelRunner(model, kv_cache, self)
 
 
 @dataclass
@@ -146,7 +157,7 @@ class PPModelRunner(ModelRunner):
 class Pipeline:
     """The engine's steps under pipeline parallelism: up to `depth` micro-batches in flight."""
 
-    def __init__(self, engine: LLMEngine, depth: int) -> None:
+    def __init__(self, engine: PipelinedEngine, depth: int) -> None:
         self.engine, self.depth = engine, depth
         self.flights: deque[tuple[SchedulerOutput, Flight]] = deque()
         self.in_flight: set[int] = set()

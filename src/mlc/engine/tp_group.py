@@ -157,12 +157,6 @@ class TPGroup:
         self.collect(method, None)
         return result
 
-    def runner_for(self, model: Any, kv_cache: Any) -> Any:
-        """The driver's model runner over this group."""
-        from mlc.engine.tp_runner import TPModelRunner
-
-        return TPModelRunner(model, kv_cache, self)
-
     def check_alive(self) -> None:
         if self.closed:
             raise EngineDeadError(f"the {self.what} group is shut down")
