@@ -3,7 +3,7 @@ tokens identical to the plain engine over DECODE_STEPS steps, alone and in a bat
 GLM-4.5 MoE and a tiny GLM-5 (MLA latents + DSA indexer keys, the stage boundary on a full indexer layer), and for
 the default model on its default path (GGUF blocks, bf16, fused decode layers on each stage). Also: the batch
 queue at depth 1 gives the same tokens, and a request aborted while its step is in flight leaves the others
-intact."""
+intact, and a stage that dies ends the engine with EngineDeadError."""
 
 from __future__ import annotations
 
@@ -99,3 +99,23 @@ def test_the_default_model_on_two_stages_decodes_its_own_greedy_tokens(default_m
         assert llm.engine.model.decode_plans, "stage 0 ran its layers fused"
     finally:
         llm.engine.shutdown()
+
+
+def test_a_stage_that_dies_ends_the_engine_cleanly(tmp_path):
+    from mlc.errors import EngineDeadError
+
+    path = build_checkpoint("llama", tmp_path)
+    llm = LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, kv_cache_memory=KV, pipeline_parallel_size=2)
+    eng = llm.engine
+    try:
+        eng.add_request("r", [5, 9, 33, 70], SamplingParams(max_tokens=8, temperature=0.0))
+        eng.step()
+        eng.tp_group.procs[0].kill()
+        eng.tp_group.procs[0].wait()
+        with pytest.raises(EngineDeadError, match="pipeline-parallel worker lost: rank 1 exited"):
+            while eng.has_unfinished():
+                eng.step()
+        with pytest.raises(EngineDeadError):
+            eng.check_alive()
+    finally:
+        eng.shutdown()
