@@ -14,13 +14,15 @@ from mlc.cli.engine_options import FLAGS, PANEL, EngineArgs, config_argv, flag_f
 from mlc.cli.main import _register_all, app
 from mlc.config.engine_config import EngineConfig
 
-# Command path -> fields it sets itself instead (bench tp sweeps the tensor-parallel size with --sizes).
+# Command path -> fields it sets itself instead (bench tp sweeps the tensor-parallel size with --sizes, bench pp
+# the stages and the batch-queue depth).
 ENGINE_COMMANDS = {
     ("generate",): (),
     ("chat",): (),
     ("serve",): (),
     ("bench", "offline"): (),
     ("bench", "tp"): ("tensor_parallel_size",),
+    ("bench", "pp"): ("pipeline_parallel_size", "pipeline_depth"),  # --stages, then depth 1 and depth = stages
     ("bench", "compare"): (),
     ("bench", "pd", "transfer"): (),
 }

@@ -218,3 +218,12 @@ def test_recommendation_is_a_tensor_parallel_size_the_engine_can_shard(facts):
     small = plan(facts[DEFAULT], load_profile("cpu"), PlanRequest(seq_len=4096))
     assert small.recommendation.tensor_parallel == 1 and "--tensor-parallel-size" not in small.command
     assert "--max-seq-len 4096" in small.command
+
+
+def test_a_model_beyond_one_node_gets_pipeline_stages_in_its_command(facts):
+    """GLM-5 on Ascend 310P nodes (4 devices each): tensor parallel inside a node, pipeline stages across."""
+    result = plan(facts["glm-5"], load_profile("ascend-310p"), PlanRequest())
+    rec = result.recommendation
+    assert rec.pipeline_parallel > 1 and rec.tensor_parallel == 4
+    assert f"--tensor-parallel-size 4 --pipeline-parallel-size {rec.pipeline_parallel}" in result.command
+    assert any("pipeline stages (--pipeline-parallel-size)" in n for n in result.notes)

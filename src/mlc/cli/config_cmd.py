@@ -61,6 +61,8 @@ def check(
     from mlc.config.lint import default_profile, has_errors, lint
 
     kind, config = load_any(file, kind, assignments=parse_set_options(set_))
+    if kind == "serve":
+        check_stages(config.engine)  # type: ignore[attr-defined]
     profile = load_profile(hardware) if hardware else default_profile(config)
     findings = lint(config, profile)
     if as_json:
@@ -70,6 +72,21 @@ def check(
         print_findings(console, findings, f"{file}: valid {kind} config; lint against {profile.name}")
     if has_errors(findings):
         raise typer.Exit(1)
+
+
+def check_stages(engine) -> None:
+    """Pipeline stages against the model's layers, when the model is on this machine (config.json only)."""
+    if engine.pipeline_parallel_size <= 1:
+        return
+    from mlc.engine.pp_stage import stage_ranges
+    from mlc.models.hf_checkpoint import read_config
+    from mlc.models.store import resolve_model_dir
+
+    try:
+        cfg = read_config(resolve_model_dir(engine.model))
+    except Exception:
+        return  # not pulled here: the engine checks at start
+    stage_ranges(cfg, engine.pipeline_parallel_size)  # raises ConfigError with what to set
 
 
 def print_findings(out: Console, findings, title: str) -> None:

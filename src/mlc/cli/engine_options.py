@@ -76,6 +76,10 @@ FLAGS: dict[str, Flag] = {
                                  "each (gloo on CPU, nccl on CUDA, hccl on Ascend)."),
     "enable_expert_parallel": Flag(("--enable-expert-parallel",), "MoE models: spread whole experts over the "
                                    "tensor-parallel ranks instead of splitting every expert."),
+    "pipeline_parallel_size": Flag(("--pipeline-parallel-size", "--pp"), "Split the model's layers into N stages, "
+                                   "one process each, hidden states sent stage to stage (gloo on CPU)."),
+    "pipeline_depth": Flag(("--pipeline-depth",), "Micro-batches in flight under pipeline parallelism "
+                           "(default: one per stage; 1 lets the stages wait for each other)."),
     "compile": Flag(("--compile/--no-compile",), "Run the forward pass as one torch.compile graph (Llama and GLM-4 "
                     "dense, one rank, no LoRA; needs a C++ compiler): faster small batches after a one-time "
                     "compile."),

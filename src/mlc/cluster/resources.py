@@ -29,10 +29,15 @@ def accelerator_resources(kind: str, count: float) -> dict[str, float]:
     return {"GPU": count} if kind == "cuda" else {"NPU": count} if kind == "npu" else {}
 
 
+def replica_devices(cluster: ClusterConfig) -> int:
+    """Devices one serving replica holds: a tensor-parallel rank or a pipeline stage on each."""
+    return cluster.tensor_parallel_size * cluster.pipeline_parallel_size
+
+
 def replica_actor_options(cluster: ClusterConfig, kind: str) -> dict:
-    """Ray actor options of one serving replica: its CPUs, tensor_parallel_size devices, and as many units of the
-    inference pool resource, so that no replica lands on a training device."""
-    devices = cluster.tensor_parallel_size
+    """Ray actor options of one serving replica: its CPUs, tensor_parallel_size x pipeline_parallel_size devices,
+    and as many units of the inference pool resource, so that no replica lands on a training device."""
+    devices = replica_devices(cluster)
     acc = accelerator_resources(kind, devices)
     options: dict = {"num_cpus": cluster.serving.cpus_per_replica,
                      "resources": {POOL_RESOURCE["inference"]: devices, **{k: v for k, v in acc.items() if k != "GPU"}}}
@@ -51,7 +56,7 @@ def worker_resources(cluster: ClusterConfig, kind: str) -> dict[str, float]:
 def needed(cluster: ClusterConfig, kind: str, pool: Pool) -> dict[str, float]:
     """Totals the whole deployment (inference) or the whole training job asks Ray for."""
     if pool == "inference":
-        n, per = cluster.replicas, cluster.tensor_parallel_size
+        n, per = cluster.replicas, replica_devices(cluster)
         return {"CPU": n * cluster.serving.cpus_per_replica, POOL_RESOURCE["inference"]: n * per,
                 **accelerator_resources(kind, n * per)}
     n = cluster.training.workers

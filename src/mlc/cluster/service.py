@@ -38,13 +38,14 @@ class DeployResult:
 
 def replica_serve_config(cluster: ClusterConfig, serve: ServeConfig, kind: str) -> ServeConfig:
     """The serve config every replica runs: the device of the pool's kind, CPU threads matching its CPUs."""
-    tp = cluster.tensor_parallel_size
+    tp, pp = cluster.tensor_parallel_size, cluster.pipeline_parallel_size
     engine = serve.engine.model_copy(update={
         "device": kind if serve.engine.device in ("cpu", "auto") else serve.engine.device,
-        # each tensor-parallel rank of the replica gets its share of the replica's CPUs
-        "num_threads": serve.engine.num_threads or (max(1, int(cluster.serving.cpus_per_replica) // tp)
+        # each tensor-parallel rank (or pipeline stage) of the replica gets its share of the replica's CPUs
+        "num_threads": serve.engine.num_threads or (max(1, int(cluster.serving.cpus_per_replica) // (tp * pp))
                                                     if kind == "cpu" else None),
         "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
     })
     return serve.model_copy(update={"engine": engine})
 
@@ -195,8 +196,10 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
 def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
     """Problems found before anything starts (ClusterError), and notes for the user."""
     notes = []
-    if cluster.pipeline_parallel_size > 1:
-        raise ClusterError("pipeline_parallel_size > 1: the engine has no pipeline parallelism yet; set it to 1")
+    pp = cluster.pipeline_parallel_size
+    if pp > 1:
+        check_stages(cluster)
+        notes.append(f"each replica holds {pp} devices of one node and runs one pipeline stage on each")
     if cluster.tensor_parallel_size > 1:
         notes.append(f"each replica holds {cluster.tensor_parallel_size} devices of one node (Ray places an actor's "
                      "resources together) and runs one tensor-parallel rank on each")
@@ -205,6 +208,19 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
 
         check_local_devices(cluster, kind)
     return notes
+
+
+def check_stages(cluster: ClusterConfig) -> None:
+    """What pipeline-parallel replicas cannot do yet, refused before anything starts (ClusterError)."""
+    pp, tp = cluster.pipeline_parallel_size, cluster.tensor_parallel_size
+    if tp > 1:
+        raise ClusterError(f"pipeline_parallel_size {pp} with tensor_parallel_size {tp}: tensor parallelism inside a "
+                           "pipeline stage is not built yet; set one of them to 1")
+    most = max((len(ids) for ids in cluster.pool_devices("inference").values()), default=0)
+    if pp > most:
+        raise ClusterError(f"pipeline_parallel_size {pp} spans nodes (the most inference devices on one node is "
+                           f"{most}): stages on several nodes are not built yet; use pipeline_parallel_size {most} "
+                           "or less and data_parallel_size for more replicas")
 
 
 def _recover(cluster, kind, conn, registry, previous, progress: Progress) -> None:

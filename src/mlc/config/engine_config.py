@@ -95,6 +95,8 @@ class EngineConfig(BaseModel):
     num_threads: int | None = Field(None, ge=1)  # CPU compute threads; None: torch's default (one per core)
     tensor_parallel_size: int = Field(1, ge=1)  # ranks (processes) the model is split over; gloo on CPU
     enable_expert_parallel: bool = False  # MoE: whole experts spread over the ranks instead of split inside each
+    pipeline_parallel_size: int = Field(1, ge=1)  # stages (processes) the layers are split over (engine/pp_runner)
+    pipeline_depth: int | None = Field(None, ge=1)  # micro-batches in flight; None: one per stage
     compile: bool = False  # the forward pass as one torch.compile graph (engine/compiled_forward.py)
     verify: bool = False  # a store model's every byte against its manifest at load; off: sizes + sampled hashes
 
@@ -121,4 +123,17 @@ class EngineConfig(BaseModel):
             raise ValueError("max_seq_len must be at least page_size")
         if self.speculative_config is not None and self.sparse_kv is not None and self.sparse_kv.ratio < 1:
             raise ValueError("speculative_config and sparse_kv cannot be used together yet; drop one of them")
+        if self.pipeline_parallel_size > 1:
+            pipeline_conflicts(self)
         return self
+
+
+def pipeline_conflicts(c: EngineConfig) -> None:
+    """Refuse what pipeline parallelism does not run yet, each with what to do instead."""
+    not_yet = [(c.tensor_parallel_size > 1, "tensor parallelism inside a stage (--tensor-parallel-size)"),
+               (bool(c.lora_adapters), "LoRA adapters"), (c.speculative_config is not None, "speculative decoding"),
+               (c.sparse_kv is not None and c.sparse_kv.ratio < 1, "sparse_kv"), (c.compile, "--compile")]
+    for bad, what in not_yet:
+        if bad:
+            raise ValueError(f"pipeline parallelism with {what} is not built yet; drop one of them (or set "
+                             "pipeline_parallel_size: 1)")

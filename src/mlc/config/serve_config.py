@@ -137,4 +137,7 @@ class ServeConfig(BaseModel):
         if self.kv_role != "both" and self.engine.tensor_parallel_size > 1:
             raise ValueError(f"kv_role {self.kv_role} moves one process's KV pages, and tensor parallelism keeps them "
                              "split over ranks: serve prefill/decode instances with tensor_parallel_size 1")
+        if self.kv_role != "both" and self.engine.pipeline_parallel_size > 1:
+            raise ValueError(f"kv_role {self.kv_role} moves one process's KV pages, and pipeline stages keep them "
+                             "split over processes: serve prefill/decode instances with pipeline_parallel_size 1")
         return self

@@ -84,3 +84,17 @@ def fits_tensor_parallel(cfg, size: int) -> bool:
     """Whether the engine can shard `cfg` over `size` ranks (with experts split, or spread for a MoE model)."""
     modes = (False, True) if getattr(cfg, "n_routed_experts", None) else (False,)
     return any(not _unsplittable(cfg, size, ep) for ep in modes)
+
+
+def check_pipeline_parallel(cfg, stages: int, device: str) -> None:
+    """Raise ConfigError / DeviceError unless `cfg`'s layers make `stages` stages, one process (and device) each."""
+    layers = int(cfg.num_hidden_layers)
+    if stages > layers:
+        raise ConfigError(f"pipeline_parallel_size {stages} is more than the model's {layers} layers; use "
+                          f"--pipeline-parallel-size {layers} or less")
+    dev = resolve_device(device)
+    have = devices_available(dev)
+    if stages > have:
+        unit = "CPU cores" if dev.type == "cpu" else f"{dev.type} devices"
+        raise DeviceError(f"pipeline parallel size {stages} is larger than the {have} {unit} available; "
+                          f"use --pipeline-parallel-size {have} or less")

@@ -18,7 +18,7 @@ from mlc.engine.kv_cache import KVCache
 from mlc.engine.kv_transfer import KVConnector
 from mlc.engine.lora_manager import LoRAManager
 from mlc.engine.memory import size_cache
-from mlc.engine.model_runner import ModelRunner
+from mlc.engine.model_runner import ModelRunner, StepOutput
 from mlc.engine.output_processor import OutputProcessor
 from mlc.engine.outputs import EngineStats, RequestOutput
 from mlc.engine.page_manager import PageManager
@@ -47,6 +47,7 @@ from mlc.models.tokenizer import eos_token_ids
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from mlc.engine.pp_runner import Pipeline
     from mlc.engine.tp_group import TPGroup
 
 log = logging.getLogger("mlc.engine")
@@ -58,11 +59,14 @@ class LLMEngine(PDMixin):
         self.config = config = EngineConfig(**{**(config or EngineConfig()).model_dump(), **overrides})
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.tp_group: TPGroup | None = None
-        if config.tensor_parallel_size > 1:
+        self.tp_group: TPGroup | None = None  # the worker processes: tensor-parallel ranks or pipeline stages
+        self.pipeline: Pipeline | None = None
+        if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+            from mlc.engine.pp_runner import start_pipeline_parallel
             from mlc.engine.tp_runner import start_tensor_parallel
 
-            model, self.tp_group = start_tensor_parallel(config, model)
+            start = start_pipeline_parallel if config.pipeline_parallel_size > 1 else start_tensor_parallel
+            model, self.tp_group = start(config, model)
             weakref.finalize(self, self.tp_group.shutdown)  # workers never outlive their engine
         try:
             with parallel_scope(parallel_state() if self.tp_group is not None else SINGLE):
@@ -93,22 +97,30 @@ class LLMEngine(PDMixin):
         self.max_seq_len = min(config.max_seq_len or context, context)
         self.cache_plan, cache_dtype = size_cache(config, model, self.max_seq_len)
         ranks = config.tensor_parallel_size
-        self.kv_cache = KVCache(model.kv_cache_spec(), self.cache_plan.num_pages, config.page_size, cache_dtype,
+        self.kv_cache = KVCache(model.stage_cache_spec(), self.cache_plan.num_pages, config.page_size, cache_dtype,
                                 model.device)
         self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
-        if self.tp_group is not None:  # every rank holds the same pages of its own heads
-            from mlc.engine.tp_runner import TPModelRunner
-
+        if self.tp_group is not None:  # every rank holds the same pages of its own heads (or its stage's layers)
             self.tp_group.run("init_cache", lambda *a: None, self.cache_plan.num_pages, config.page_size,
                               config.kv_cache_dtype)
-            self.runner: ModelRunner = TPModelRunner(model, self.kv_cache, self.tp_group)
+            if config.pipeline_parallel_size > 1:
+                from mlc.engine.pp_runner import PPGroup, PPModelRunner
+
+                assert isinstance(self.tp_group, PPGroup)
+                self.runner: ModelRunner = PPModelRunner(model, self.kv_cache, self.tp_group)
+            else:
+                from mlc.engine.tp_runner import TPModelRunner
+
+                self.runner = TPModelRunner(model, self.kv_cache, self.tp_group)
         else:
             self.runner = ModelRunner(model, self.kv_cache)
         sparse = config.sparse_kv
         self.sparse = SparseKV(sparse, self.page_manager, self.runner) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.max_batch_size = self.cache_plan.max_batch_size
-        self.weights = describe_weights(model) + (f"; tensor parallel {ranks}" if ranks > 1 else "")
+        stages = config.pipeline_parallel_size
+        self.weights = describe_weights(model) + (f"; tensor parallel {ranks}" if ranks > 1 else "") + (
+            f"; pipeline parallel {stages}" if stages > 1 else "")
         plan = self.cache_plan
         log.info("weights: %s; KV cache: %d pages of %d tokens (%.0f MiB, %s%s); max_batch_size %d%s",
                  self.weights, plan.num_pages - 1, plan.page_size, plan.total_bytes / 2**20,
@@ -135,6 +147,10 @@ class LLMEngine(PDMixin):
             self.add_lora(name, path, pinned=True)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        if stages > 1:
+            from mlc.engine.pp_runner import Pipeline
+
+            self.pipeline = Pipeline(self, config.pipeline_depth or stages)
 
     def add_lora(self, name: str, path: str, pinned: bool = False, prepared: PreparedAdapter | None = None) -> int:
         """Serve a PEFT LoRA adapter under `name` (between steps, at any time); requests pick it with `adapter_id`.
@@ -254,6 +270,8 @@ class LLMEngine(PDMixin):
         `RequestOutput.error` set, and the engine repairs itself; beyond repair it raises `EngineDeadError`
         (`engine/recovery.py`)."""
         self.expire_leases()
+        if self.pipeline is not None:
+            return self.pipeline.step()
         try:
             self.speculator.propose(self.scheduler.running)
             plan = self.scheduler.schedule()
@@ -274,7 +292,10 @@ class LLMEngine(PDMixin):
 
     def _execute(self, plan: SchedulerOutput) -> list[RequestOutput]:
         self.runner.apply_copies(plan.copies)
-        step = self.runner.run_isolating(plan.scheduled)
+        return self._finish_step(self.runner.run_isolating(plan.scheduled))
+
+    def _finish_step(self, step: StepOutput) -> list[RequestOutput]:
+        """What a step that ran leaves: caches advanced, forks, tokens sampled (and drafts verified), outputs."""
         now = time.monotonic()
         drafts = {s.seq.seq_id: s.num_draft for s in step.scheduled if s.completes}
         sampled: list[Sequence] = []
@@ -356,4 +377,5 @@ class LLMEngine(PDMixin):
             num_preemptions=self.scheduler.num_preemptions, prompt_tokens=self.prompt_tokens,
             generation_tokens=self.generation_tokens, spec=self.speculator.snapshot(),
             kv_transfer=dataclasses.replace(self.kv.stats), kv_leases=len(self.kv.leases),
+            stage_busy=self.pipeline.utilization() if self.pipeline is not None else [],
         )

@@ -117,12 +117,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
+        return self.outputs(step, self.hidden_states(step))
+
+    @torch.inference_mode()
+    def hidden_states(self, step: StepInputs) -> torch.Tensor:
+        """The model's output for the step's tokens (a pipeline stage's: what its last layer leaves)."""
         meta = build_attention_metadata(step.query_lens, step.context_lens, step.page_tables, self.kv_cache.page_size,
                                         self.device, generating=step.generating)
         input_ids = torch.tensor(step.ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(step.positions, dtype=torch.long, device=self.device)
         with lora_rows(self._adapter_rows(step.adapter_rows)):
-            hidden = self.model(input_ids, pos, meta, self.kv_cache.layers)
+            hidden: torch.Tensor = self.model(input_ids, pos, meta, self.kv_cache.layers)
+        return hidden
+
+    @torch.inference_mode()
+    def outputs(self, step: StepInputs, hidden: torch.Tensor) -> tuple[torch.Tensor, dict[int, list[float]]]:
+        """The step's next-token logits and the prompt logprobs it scored, from the final hidden states."""
         scored = {seq_id: self._score_prompt(hidden, start, targets, skip)
                   for seq_id, start, targets, skip in step.score}
         rows = step.logit_rows

@@ -74,3 +74,4 @@ class EngineStats:
     spec: SpecStats = field(default_factory=SpecStats)  # speculative decoding's counters (zeros without it)
     kv_transfer: TransferStats = field(default_factory=TransferStats)  # prefill/decode split (kv_transfer.py)
     kv_leases: int = 0  # KV leases held now (a prefill instance's pages waiting for their decoder)
+    stage_busy: list[tuple[float, int]] = field(default_factory=list)  # pipeline stages: (busy seconds, steps)

@@ -65,14 +65,17 @@ class Scheduler:
         seq.status = Status.RUNNING
         self.running.append(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, in_flight: frozenset[int] = frozenset(), max_seqs: int | None = None) -> SchedulerOutput:
+        """The next step. Under pipeline parallelism `in_flight` are the sequences whose earlier step has not come
+        back (skipped, and never preempted), and `max_seqs` caps the step's sequences (one micro-batch)."""
         out = SchedulerOutput()
         budget = self.budget
-        chosen: set[int] = set()
+        chosen: set[int] = set(in_flight)
+        most = max_seqs or 1 << 30
         for seq in list(self.running):
-            if budget <= 0:
+            if budget <= 0 or len(out.scheduled) >= most:
                 break
-            if seq.seq_id in {s.seq_id for s in out.preempted}:
+            if seq.seq_id in in_flight or seq.seq_id in {s.seq_id for s in out.preempted}:
                 continue
             k = self._chunk(seq, budget, bool(out.scheduled))
             if k == 0:
@@ -84,7 +87,7 @@ class Scheduler:
             chosen.add(seq.seq_id)
             budget -= k
         if not out.preempted:
-            budget = self._admit(out, budget)
+            budget = self._admit(out, budget, most)
         self._add_drafts(out, budget)
         return out
 
@@ -125,13 +128,14 @@ class Scheduler:
                 return False
         return True
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> int:
-        """Admit waiting sequences while the batch, the budget and the pages allow; returns the budget left. A
-        sequence whose adapter would take the batch past `max_loras` adapters is held back (in its place) while
-        the ones behind it may go."""
+    def _admit(self, out: SchedulerOutput, budget: int, most: int = 1 << 30) -> int:
+        """Admit waiting sequences while the batch, the budget and the pages allow (and at most `most` sequences
+        scheduled: a pipeline's micro-batch share); returns the budget left. A sequence whose adapter would take
+        the batch past `max_loras` adapters is held back (in its place) while the ones behind it may go."""
         held: list[Sequence] = []
         adapters = {s.adapter_id for s in self.running if s.adapter_id}
-        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+        while (self.waiting and budget > 0 and len(self.running) < self.max_batch_size
+               and len(out.scheduled) < most):
             seq = self.waiting[0]
             if self.max_loras and seq.adapter_id and seq.adapter_id not in adapters \
                     and len(adapters) >= self.max_loras:

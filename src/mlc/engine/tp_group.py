@@ -43,6 +43,9 @@ def _free_port() -> int:
 
 
 class TPGroup:
+    worker_module = "mlc.engine.tp_worker"  # what each extra rank runs (`PPGroup` runs pipeline stages)
+    what = "tensor-parallel"
+
     def __init__(self, size: int, expert_parallel: bool, device: torch.device, engine_config: dict[str, Any],
                  threads: int) -> None:
         import torch.distributed as dist
@@ -59,8 +62,9 @@ class TPGroup:
             for rank in range(1, size):
                 # a fresh interpreter (not multiprocessing's spawn, which re-imports the user's __main__ script)
                 spec = {"rank": rank, "size": size, "port": port, "expert_parallel": expert_parallel,
-                        "engine": engine_config, "threads": threads, "control": server.getsockname()[1]}
-                self.procs.append(subprocess.Popen([sys.executable, "-m", "mlc.engine.tp_worker", json.dumps(spec)],
+                        "engine": engine_config, "threads": threads, "control": server.getsockname()[1],
+                        **self.worker_extra()}
+                self.procs.append(subprocess.Popen([sys.executable, "-m", self.worker_module, json.dumps(spec)],
                                                    env={**os.environ, "MLC_TP_TOKEN": token}))
             by_rank: dict[int, Connection] = {}
             for _ in range(1, size):
@@ -72,7 +76,7 @@ class TPGroup:
             self.pipes = [by_rank[rank] for rank in range(1, size)]
         except (OSError, EOFError) as e:
             self.shutdown()
-            raise EngineDeadError(f"the tensor-parallel workers did not start ({e})") from None
+            raise EngineDeadError(f"the {self.what} workers did not start ({e})") from None
         finally:
             server.close()
         backend = backend_for(device)
@@ -82,10 +86,18 @@ class TPGroup:
                                     device_id=rank_device(device, 0) if backend != "gloo" else None)
         except Exception as e:
             self.shutdown()
-            raise EngineDeadError(f"the {size} tensor-parallel ranks could not connect ({e})") from None
-        set_parallel_state(0, size, expert_parallel)
-        log.info("tensor parallel: %d ranks over %s (%s)%s", size, backend, device.type,
-                 ", experts spread over the ranks" if expert_parallel else "")
+            raise EngineDeadError(f"the {size} {self.what} ranks could not connect ({e})") from None
+        self.joined(backend, device)
+
+    def worker_extra(self) -> dict[str, Any]:
+        """More of each worker's start spec (a subclass's)."""
+        return {}
+
+    def joined(self, backend: str, device: torch.device) -> None:
+        """The driver is rank 0 of the group: layers built from now on are its shard."""
+        set_parallel_state(0, self.size, self.expert_parallel)
+        log.info("tensor parallel: %d ranks over %s (%s)%s", self.size, backend, device.type,
+                 ", experts spread over the ranks" if self.expert_parallel else "")
 
     def _accept(self, server: socket.socket) -> socket.socket:
         """The next worker's control connection; a worker that exits first fails the start at once."""
@@ -112,8 +124,10 @@ class TPGroup:
                     self._dead(f"rank {rank} could not be reached to run {method}")
                 self._dead(f"rank {rank} exited (code {code}) before {method}")
 
-    def collect(self, method: str, driver_error: Exception | None) -> None:
-        """Each worker's answer to the last command; they must agree with the driver's own outcome."""
+    def collect(self, method: str, driver_error: Exception | None) -> list[Any]:
+        """Each worker's answer to the last command (what it returned, by rank); they must agree with the driver's
+        own outcome."""
+        details = []
         for rank, (pipe, proc) in enumerate(zip(self.pipes, self.procs), start=1):
             while not pipe.poll(1.0):
                 if proc.poll() is not None:
@@ -125,6 +139,8 @@ class TPGroup:
             if (status == "ok") != (driver_error is None):
                 what = detail if status != "ok" else f"the driver failed alone ({driver_error})"
                 self._dead(f"rank {rank} and the driver disagree on {method}: {what}")
+            details.append(detail)
+        return details
 
     def run(self, method: str, local: Callable[..., T], *args: Any) -> T:
         """`method(*args)` on every rank: the workers' `Worker.<method>` and the driver's `local(*args)`."""
@@ -143,14 +159,14 @@ class TPGroup:
 
     def check_alive(self) -> None:
         if self.closed:
-            raise EngineDeadError("the tensor-parallel group is shut down")
+            raise EngineDeadError(f"the {self.what} group is shut down")
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
                 self._dead(f"rank {rank} exited (code {proc.returncode})")
 
     def _dead(self, why: str) -> NoReturn:
         self.shutdown()
-        raise EngineDeadError(f"tensor-parallel worker lost: {why}; the engine stops")
+        raise EngineDeadError(f"{self.what} worker lost: {why}; the engine stops")
 
     def shutdown(self) -> None:
         """Stop the workers and leave the group (idempotent)."""

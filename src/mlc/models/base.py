@@ -74,6 +74,7 @@ class CausalLM(nn.Module):
     lm_head: nn.Module  # a Linear (or its quantized stand-in), or the tied Embedding
     weight_info: str  # set by models/loader.py where the weights are not the checkpoint's own precision
     quant_report: QuantReport  # set by models/loader.py where it quantizes
+    stage_layers: tuple[int, int] | None = None  # [first, end) of the layers a pipeline stage holds (engine/pp_stage)
 
     def __init__(self, hf_config):
         super().__init__()
@@ -102,6 +103,11 @@ class CausalLM(nn.Module):
     def kv_cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
         """Per layer: cache tensor name -> per-token shape."""
         raise NotImplementedError
+
+    def stage_cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
+        """`kv_cache_spec` of the layers this model holds (all of them, or one pipeline stage's)."""
+        spec = self.kv_cache_spec()
+        return spec if self.stage_layers is None else spec[self.stage_layers[0] : self.stage_layers[1]]
 
     @property
     def device(self) -> torch.device:

@@ -53,18 +53,21 @@ def plan(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> P
     }
     chosen = pick or requested
     if chosen.pipeline_parallel > 1:
-        notes.append(f"pipeline parallel {chosen.pipeline_parallel} (across nodes) is not in the engine yet: it "
-                     f"serves one node's tensor-parallel ranks; deploy replicas of TP {chosen.tensor_parallel} "
-                     "once a layout fits one node")
+        notes.append(f"pipeline parallel {chosen.pipeline_parallel} x tensor parallel {chosen.tensor_parallel}: "
+                     "the engine runs pipeline stages (--pipeline-parallel-size) as processes of one host, one "
+                     "device each; tensor parallelism inside a stage and stages on several nodes are not built "
+                     "yet")
     return PlanResult(model, hardware, asdict(request), requested, pick, reason, alternatives, notes,
                       serve_command(facts.name, profile, request, chosen, min(request.seq_len, facts.max_context)))
 
 
 def serve_command(model: str, profile: HardwareProfile, request: PlanRequest, lay, seq_len: int) -> str:
-    """The `mlc-cli serve` line that runs `lay` (one node's tensor-parallel ranks)."""
+    """The `mlc-cli serve` line that runs `lay` (its tensor-parallel ranks, and its pipeline stages)."""
     parts = [f"mlc-cli serve --model {model} --device {profile.device}"]
     if lay.tensor_parallel > 1:
         parts.append(f"--tensor-parallel-size {lay.tensor_parallel}")
+    if lay.pipeline_parallel > 1:
+        parts.append(f"--pipeline-parallel-size {lay.pipeline_parallel}")
     if lay.expert_parallel:
         parts.append("--enable-expert-parallel")
     parts.append(f"--weight-dtype {lay.weight_dtype} --kv-cache-dtype {lay.kv_dtype}")

@@ -8,7 +8,7 @@ import importlib
 import typer
 
 # in the order --help lists them
-COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "soak", "spec", "tp", "pd", "lora"]
+COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "soak", "spec", "tp", "pp", "pd", "lora"]
 
 
 def register(app: typer.Typer) -> None:

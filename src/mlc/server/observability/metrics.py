@@ -110,6 +110,16 @@ class EngineCollector(Collector):
             if drafted_at[pos]:
                 per_pos.add_metric([self.model, str(pos)], n)
         yield per_pos
+        if s and s.stage_busy:  # pipeline parallelism: each stage's busy time over wall time is its utilization
+            busy = CounterMetricFamily("mlc:pipeline_stage_busy_seconds", "Time each pipeline stage spent computing "
+                                       "its layers (not waiting for hidden states).", labels=["model_name", "stage"])
+            steps = CounterMetricFamily("mlc:pipeline_stage_steps", "Micro-batches each pipeline stage ran.",
+                                        labels=["model_name", "stage"])
+            for stage, (seconds, n) in enumerate(s.stage_busy):
+                busy.add_metric([self.model, str(stage)], seconds)
+                steps.add_metric([self.model, str(stage)], n)
+            yield busy
+            yield steps
 
 
 def _os_threads() -> int:
