@@ -32,7 +32,7 @@ def engines(tmp_path_factory):
                      lora_adapters={"a1": str(root / "adapter")})
     reference = LLMEngine(base.config, model=base.model, tokenizer=base.tokenizer, lora_adapters={},
                           max_batch_size=8, enable_prefix_caching=False)
-    reference.adapters, reference.adapter_ids = base.adapters, base.adapter_ids
+    reference.loras.loaded, reference.loras.by_id = base.loras.loaded, base.loras.by_id  # attached to the shared model
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a 32-wide model: one thread is 3x faster than two fighting over tiny matmuls
     yield base, reference

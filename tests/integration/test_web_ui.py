@@ -96,7 +96,8 @@ def test_chat_asks_for_the_key_streams_a_reply_and_keeps_the_conversation(server
     page.fill("#key-input", KEY)
     page.press("#key-input", "Enter")
     wait_js(page, "document.querySelectorAll('#model option').length === 2")
-    assert page.locator("#model option").all_inner_texts() == ["smollm2-135m-instruct (base)", "support (adapter)"]
+    assert page.locator("#model option").all_inner_texts() == ["smollm2-135m-instruct (base)",
+                                                                 "support (adapter of smollm2-135m-instruct)"]
     page.evaluate("""() => {
         window.lens = [];
         new MutationObserver(() => {

@@ -110,7 +110,7 @@ def random_engine(rng: random.Random, base: LLMEngine) -> LLMEngine:
         enable_prefix_caching=rng.random() < 0.7, sparse_kv=sparse, seed=rng.randrange(100),
         speculative_config=spec,
     )
-    engine.adapters, engine.adapter_ids = base.adapters, base.adapter_ids  # already attached to the shared model
+    engine.loras.loaded, engine.loras.by_id = base.loras.loaded, base.loras.by_id  # attached to the shared model
     return engine
 
 

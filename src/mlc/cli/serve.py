@@ -12,7 +12,6 @@ from rich.console import Console
 from mlc.cli import common
 from mlc.cli.engine_options import EngineArgs, engine_options
 from mlc.errors import ConfigError
-from mlc.server.auth import ADMIN_ENV_VAR, keys_from_env
 
 err = Console(stderr=True)
 
@@ -158,6 +157,8 @@ def register(app: typer.Typer) -> None:
             "enable_lora_loading": enable_lora_loading, "lora_dirs": lora_dir,
             "allowed_lora_paths": allowed_lora_paths,
         }
+        from mlc.server.auth import ADMIN_ENV_VAR, keys_from_env
+
         admin_keys = [*(admin_api_key or []), *keys_from_env(var=ADMIN_ENV_VAR)]
         if admin_keys:
             overrides["admin_api_keys"] = list(dict.fromkeys(admin_keys))

@@ -141,8 +141,9 @@ class LLMEngine(PDMixin):
         self.recovery = Recovery(self.scheduler, self.page_manager, self.kv_cache, self.outputs, self.kv)
         self.rules = RequestRules(tokenizer, self.eos_ids, model.config.vocab_size, self.max_seq_len,
                                   self.page_manager, self.sparse, config.max_num_batched_tokens)
-        self.loras = LoRAManager(lambda i, n, p, pre: self.runner.attach_adapter(i, n, p, config.max_lora_rank, pre),
-                                 self.runner.detach_adapter, self.scheduler.adapter_users, config.max_cpu_loras)
+        runner, max_rank = self.runner, config.max_lora_rank  # no closure over self: an engine let go is freed at once
+        self.loras = LoRAManager(lambda i, n, p, pre: runner.attach_adapter(i, n, p, max_rank, pre),
+                                 runner.detach_adapter, self.scheduler.adapter_users, config.max_cpu_loras)
         for name, path in config.lora_adapters.items():
             self.add_lora(name, path, pinned=True)
         self.prompt_tokens = 0

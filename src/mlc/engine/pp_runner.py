@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -159,9 +160,16 @@ class Pipeline:
     """The engine's steps under pipeline parallelism: up to `depth` micro-batches in flight."""
 
     def __init__(self, engine: PipelinedEngine, depth: int) -> None:
-        self.engine, self.depth = engine, depth
+        self._engine = weakref.ref(engine)  # the engine holds this: a strong reference back would be a cycle
+        self.depth = depth
         self.flights: deque[tuple[SchedulerOutput, Flight]] = deque()
         self.in_flight: set[int] = set()
+
+    @property
+    def engine(self) -> PipelinedEngine:
+        engine = self._engine()
+        assert engine is not None, "the pipeline outlived its engine"
+        return engine
 
     @property
     def runner(self) -> PPModelRunner:
