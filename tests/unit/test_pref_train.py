@@ -131,6 +131,12 @@ def test_reward_margin_rises_on_the_example_set(work):
     assert evals[-1]["eval_rewards/margins"] > 0.05 and evals[-1]["eval_loss"] < evals[0]["eval_loss"]
     steps = TrainLog(result.output_dir).step_records()
     assert {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"} <= set(steps[-1])
+    import matplotlib.image
+
+    from mlc.train.plot import plot_loss
+
+    picture = matplotlib.image.imread(plot_loss(result.output_dir))
+    assert picture.shape[0] == 800  # the loss panel and the rewards panel below it (an SFT plot is 450 high)
 
 
 def test_reward_model_is_saved_loaded_back_and_scores(work):
