@@ -139,6 +139,26 @@ def test_reward_margin_rises_on_the_example_set(work):
     assert picture.shape[0] == 800  # the loss panel and the rewards panel below it (an SFT plot is 450 high)
 
 
+@pytest.mark.parametrize("stage", ["dpo", "rm"])
+def test_a_resumed_preference_run_continues_the_same_curve(work, stage):
+    import shutil
+
+    from mlc.errors import ConfigError
+
+    cfg = config(work, stage, f"resume-{stage}", max_steps=4, save_every=2, batch_size=2, optimizer={"lr": 2e-2})
+    first = train(cfg, RunOptions(fresh=True, progress=False))
+    whole = {r["step"]: r["loss"] for r in TrainLog(first.output_dir).step_records()}
+    shutil.rmtree(Path(first.output_dir) / "checkpoints" / "step-000004")
+    again = train(cfg, RunOptions(progress=False))
+    assert again.resumed_from == 2
+    resumed = {r["step"]: r["loss"] for r in TrainLog(again.output_dir).step_records()}
+    assert resumed == pytest.approx(whole, abs=1e-6) and len(resumed) == 4
+    other = config(work, "rm" if stage == "dpo" else "dpo", f"resume-{stage}", max_steps=4, save_every=2,
+                   batch_size=2)
+    with pytest.raises(ConfigError, match="different .*stage"):
+        train(other, RunOptions(progress=False))
+
+
 def test_reward_model_is_saved_loaded_back_and_scores(work):
     from mlc.train.export import export_adapter
     from mlc.train.pref_data import pair_batch
