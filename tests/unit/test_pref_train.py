@@ -234,3 +234,21 @@ def test_llama_factory_keys_and_dataset_entry(tmp_path, monkeypatch):
     cfg = cfg[0] if isinstance(cfg, tuple) else cfg
     assert (cfg.stage, cfg.pref_loss, cfg.pref_beta, cfg.simpo_gamma) == ("dpo", "simpo", 2.0, 1.0)
     assert cfg.data.train.endswith("pref_support.jsonl") and cfg.data.eval is None
+
+
+def test_example_sets_load_as_registered_and_sft_refuses_them(work):
+    from mlc.models.tokenizer import load_tokenizer
+    from mlc.train.preprocess import PreprocessOptions, tokenize_file
+
+    tok = load_tokenizer(work / "glm")
+    pairs, _ = load_pref_rows(REPO / "data/pref_support.jsonl", tok, "pair", 1024, 16, tok.pad_token_id)
+    held_out, _ = load_pref_rows(REPO / "data/pref_support_eval.jsonl", tok, "pair", 1024, 16, tok.pad_token_id)
+    kto, _ = load_pref_rows(REPO / "data/kto_support.jsonl", tok, "kto", 1024, 16, tok.pad_token_id)
+    assert (len(pairs), len(held_out), len(kto)) == (24, 6, 60)
+    assert sum(r["label"] for r in kto) == 30
+    with pytest.raises(DataError, match="entry 'pref_support' describes preference data .* set stage: dpo or rm"):
+        tokenize_file(REPO / "data/pref_support.jsonl", tok, PreprocessOptions())
+    with pytest.raises(DataError, match="entry 'kto_support' describes KTO data.*set stage: kto"):
+        tokenize_file(REPO / "data/kto_support.jsonl", tok, PreprocessOptions())
+    with pytest.raises(DataError, match="describes KTO rows.*use stage: kto"):
+        load_pref_rows(REPO / "data/kto_support.jsonl", tok, "pair", 1024, 16, tok.pad_token_id)
