@@ -70,6 +70,12 @@ def export_adapter(
         for name in ADAPTER_FILES:
             shutil.copy2(adapter / name, tmp / name)
         return _publish(tmp, out, overwrite)
+    from mlc.train.reward import is_reward_adapter
+
+    if is_reward_adapter(adapter):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"{adapter} is a reward model (stage: rm): its head cannot merge into a causal LM; export it "
+                          "without --merge and load it with mlc.train.reward.load_reward_model")
     model_dir = resolve_model_dir(model or adapter_base(adapter))
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(sorted(DTYPES))}")
