@@ -136,9 +136,11 @@ class AsyncEngine:
         request_id: str | None = None,
         adapter_id: int = 0,
         validated: bool = False,
+        fair_group: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue one request now and return its outputs as they come; `validated`: the caller already ran
-        `validate`. A stream closed before its end aborts the request; one never iterated needs `release`."""
+        `validate`; `fair_group`: an opaque id the waiting queue takes round-robin. A stream closed before its end
+        aborts the request; one never iterated needs `release`."""
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
             raise InvalidRequestError(f"request id {rid!r} is already in use", field="request_id")
@@ -150,7 +152,7 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         with self._lock:
             self._unstarted[rid] = params.n
-        self._commands.put(("add", rid, prompt, params, adapter_id, validated))
+        self._commands.put(("add", rid, prompt, params, adapter_id, validated, fair_group))
         self._wake.set()
         return self._outputs(rid, q)
 
@@ -197,13 +199,13 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if cmd[0] == "add":
-                _, rid, prompt, params, adapter_id, validated = cmd
+                _, rid, prompt, params, adapter_id, validated, fair_group = cmd
                 with self._lock:
                     self._unstarted.pop(rid, None)
                 if rid not in self._queues:
                     continue  # the caller went away before its request started
                 try:
-                    self._engine.add_request(rid, prompt, params, adapter_id, validated)
+                    self._engine.add_request(rid, prompt, params, adapter_id, validated, fair_group)
                 except MlcError as e:
                     self._deliver(rid, e)
                 except Exception as e:  # a bug in admission: this request fails, the engine is checked
