@@ -59,8 +59,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
 
     _finish_openapi(app)
     app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # innermost: auth and audit see the 413 first
-    if config.api_keys:
-        app.add_middleware(APIKeyMiddleware, keys=config.api_keys)
+    if state.keys.enabled:
+        app.add_middleware(APIKeyMiddleware, keys=state.keys)
     if state.audit_log is not None or state.hooks.enabled:
         app.add_middleware(AuditMiddleware, audit_log=state.audit_log, hooks=state.hooks, model=state.model_id)
     app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # auth's 401s come before routing: unmatched

@@ -10,18 +10,23 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+from contextvars import ContextVar
 
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlc.errors import AuthError
 from mlc.server.errors import mlc_error_response
+from mlc.server.keys import KeyRing, Match
+from mlc.server.observability.audit import audit_info
 
 log = logging.getLogger("mlc.server")
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/live", "/", "/favicon.ico", "/dashboard", "/train"})  # pages: no data
 OPEN_PREFIXES = ("/static/",)
 ENV_VAR = "MLC_API_KEY"
+# who the request's key is, for admission (per-key limits, fairness): set here, read by run_request.start
+current_key: ContextVar[Match | None] = ContextVar("mlc_current_key", default=None)
 
 # Documents the scheme in /openapi.json; the middleware does the checking.
 bearer_scheme = HTTPBearer(auto_error=False, description="Needed when the server runs with --api-key / MLC_API_KEY.")
@@ -50,25 +55,36 @@ def check_authorization(header: str | None, keys: list[str]) -> str | None:
     return None if any(ok) else "the key is not one of the server's keys"
 
 
+def _token(header: str | None) -> str | None:
+    scheme, _, token = (header or "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, keys: list[str]):
+    def __init__(self, app: ASGIApp, keys: KeyRing):
         self.app = app
-        self.keys = list(keys)
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or is_open(scope["path"]) or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or not self.keys.enabled or is_open(scope["path"]) or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         given = headers.get("authorization")
-        problem = check_authorization(given, self.keys)
-        if problem is not None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
-            problem = check_authorization(f"Bearer {headers['x-api-key']}", self.keys)
-        if problem is None:
-            await self.app(scope, receive, send)
+        token = _token(given) or headers.get("x-api-key")  # Anthropic's clients send the key as x-api-key
+        match = self.keys.match(token) if token else None
+        if match is not None:
+            if match.name is not None:
+                audit_info(scope).key_name = match.name
+            reset = current_key.set(match)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                current_key.reset(reset)
             return
+        problem = check_authorization(given, []) if not token else "the key is not one of the server's keys"
         client = scope.get("client") or ("?", 0)
         log.warning("401 %s %s from %s: %s", scope["method"], scope["path"], client[0], problem)
         err = AuthError(f"unauthorized: {problem}; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with a "
-                        "key the server was started with (--api-key or MLC_API_KEY)")
+                        "key the server was started with (--api-key, MLC_API_KEY or --api-key-file)")
         await mlc_error_response(err)(scope, receive, send)
