@@ -69,6 +69,7 @@ async def flood_run(client, args, stop: float, counts: dict[str, int]) -> None:
 
 async def main(args) -> dict:
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=1000)) as client:
+        await ttft(client, args.url, args.quiet_key, args.max_tokens)  # warm-up, not counted
         alone = await quiet_run(client, args, time.monotonic() + args.seconds)
         counts: dict[str, int] = {}
         stop = time.monotonic() + args.seconds
