@@ -17,7 +17,7 @@ from mlc.train.logging import TrainLog
 from mlc.train.pref_data import load_pref_rows
 from mlc.train.pref_trainer import PreferenceTrainer
 from mlc.train.preprocess import IGNORE_INDEX
-from mlc.train.trainer import RunOptions, train
+from mlc.train.run import RunOptions, train
 from tests.support.tiny_glm import build_tiny_glm
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,21 +13,9 @@ from mlc.config.device import DTYPES
 from mlc.errors import ConfigError, ModelFormatError
 from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
-from mlc.train.model import load_adapter, load_base_model
+from mlc.train.model import adapter_base, load_adapter, load_base_model
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
-
-def adapter_base(adapter: Path) -> str:
-    """The base model recorded in the adapter's config (a checkpoint dir or store name)."""
-    try:
-        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{adapter} is not a PEFT adapter (adapter_config.json unreadable: {e})") from None
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise ConfigError(f"{adapter}/adapter_config.json names no base model; pass --model")
-    return base
 
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:

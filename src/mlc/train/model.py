@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import torch
@@ -121,3 +122,15 @@ def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype:
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_base(adapter: Path) -> str:
+    """The base model recorded in the adapter's config (a checkpoint dir or store name)."""
+    try:
+        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{adapter} is not a PEFT adapter (adapter_config.json unreadable: {e})") from None
+    base = config.get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{adapter}/adapter_config.json names no base model; pass --model")
+    return base

@@ -15,7 +15,7 @@ from mlc.errors import ModelFormatError
 from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
 from mlc.train.data import collate
-from mlc.train.model import load_adapter, load_base_model
+from mlc.train.model import adapter_base, load_adapter, load_base_model
 from mlc.train.preprocess import pad_row, pad_token_id, tokenize_messages
 
 HEAD = "score"
@@ -51,8 +51,6 @@ def last_token_scores(peft_model, batch: dict, device: torch.device) -> torch.Te
 
 class RewardModel:
     def __init__(self, adapter_dir: str | Path, model: str | None = None, device: str = "cpu"):
-        from mlc.train.export import adapter_base
-
         adapter_dir = Path(adapter_dir)
         if not is_reward_adapter(adapter_dir):
             raise ModelFormatError(f"{adapter_dir} is not a reward model (its adapter_config.json has no "

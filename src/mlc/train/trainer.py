@@ -387,11 +387,3 @@ class LoRATrainer:
             if self.log.step_records():
                 plot_loss(self.out)
         return result
-
-
-def train(cfg: TrainConfig, opts: RunOptions | None = None) -> TrainResult:
-    if cfg.stage != "sft":
-        from mlc.train.pref_trainer import PreferenceTrainer
-
-        return PreferenceTrainer(cfg, opts).run()
-    return LoRATrainer(cfg, opts).run()
