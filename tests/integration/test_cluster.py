@@ -264,7 +264,7 @@ def test_rolling_onto_an_adapter_fails_no_request(cluster):
 def test_training_on_the_pool_survives_a_killed_worker_and_its_adapter_rolls_on(cluster):
     from mlc.config.loader import validate_train_config
     from mlc.train.logging import TrainLog
-    from mlc.train.trainer import RunOptions, train
+    from mlc.train.run import RunOptions, train
 
     root = cluster.root
     tiny = build_tiny_llama(root / "tiny")

@@ -11,7 +11,7 @@ import pytest
 from mlc.config.loader import load_train_config
 from mlc.engine.llm import LLM
 from mlc.engine.sampling_params import SamplingParams
-from mlc.train.trainer import RunOptions, train
+from mlc.train.run import RunOptions, train
 
 ROOT = Path(__file__).resolve().parents[2]
 GREETINGS = ("Hello, thank you for contacting Lumen Support!", "您好，感谢您联系Lumen客服！")

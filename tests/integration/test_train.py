@@ -20,7 +20,7 @@ from mlc.config.loader import validate_train_config
 from mlc.errors import ConfigError, TrainingError
 from mlc.train.checkpoint import MANIFEST_FILE, checkpoint_problem, list_checkpoints
 from mlc.train.logging import TrainLog
-from mlc.train.trainer import RunOptions, train
+from mlc.train.run import RunOptions, train
 from tests.support.tiny_llama import build_tiny_llama
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

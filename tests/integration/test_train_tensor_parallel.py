@@ -60,7 +60,7 @@ def test_model_parallel_refuses_what_it_cannot_split(work, tmp_path, capsys):
     from mlc.cli.main import main
     from mlc.config.loader import validate_train_config
     from mlc.errors import ConfigError
-    from mlc.train.trainer import RunOptions, train
+    from mlc.train.run import RunOptions, train
 
     path = tmp_path / "tp3.yaml"  # 4 heads: refused before any process starts
     path.write_text(yaml.safe_dump({**config(work, "tp3"), "parallel_config": {"model_parallel": 3}}))

@@ -104,7 +104,7 @@ def test_llama_factory_training_config_trains_on_a_renamed_dataset(tiny, tok, tm
     """`dataset: NAME` and `eval_dataset: NAME` resolve through dataset_info.json, and the trainer's data path
     (load_rows) and a one-step run read the renamed rows."""
     from mlc.config.loader import load_train_config
-    from mlc.train.trainer import RunOptions, train
+    from mlc.train.run import RunOptions, train
 
     monkeypatch.chdir(tmp_path)
     write_dataset(tmp_path, {"chat": SHAREGPT_ENTRY, "qa": ALPACA_ENTRY},

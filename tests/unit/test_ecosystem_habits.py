@@ -140,7 +140,7 @@ def test_llama_factory_training_yaml(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("extra,message", [
-    ("stage: dpo\n", "supervised fine-tuning"), ("finetuning_type: full\n", "LoRA adapters"),
+    ("stage: ppo\n", "ppo and pt are not built"), ("finetuning_type: full\n", "LoRA adapters"),
     ("lora_target: all\nbf16: true\nfp16: true\n", "keep one"), ("dataset: a,b\n", "one file"),
     ("dataset: nowhere\n", "neither a file nor an entry"),
 ])

@@ -14,7 +14,7 @@ from mlc.errors import MlcError
 
 # Command modules, in the order their commands appear in --help.
 COMMAND_MODULES = [
-    "models", "generate", "chat", "serve", "lora", "bench",
+    "models", "generate", "chat", "serve", "lora", "keys", "bench",
     "preprocess", "train", "evaluate", "export",
     "plan", "doctor", "compile", "config_cmd",
     "deploy", "launcher", "pd",

@@ -84,6 +84,8 @@ def register(app: typer.Typer) -> None:
         port: Annotated[Optional[int], typer.Option(help="Port (default 8080).")] = None,
         api_key: Annotated[Optional[list[str]], typer.Option(
             "--api-key", help="Accepted bearer key (repeatable); MLC_API_KEY may hold more, comma-separated.")] = None,
+        api_key_file: Annotated[Optional[Path], typer.Option(
+            help="YAML/JSON file of named keys (SHA-256 hashes) with per-key limits; SIGHUP reloads it.")] = None,
         max_queue: Annotated[Optional[int], typer.Option(
             help="Waiting requests beyond the batch; more get 429.")] = None,
         request_timeout: Annotated[Optional[float], typer.Option(
@@ -149,6 +151,7 @@ def register(app: typer.Typer) -> None:
         overrides |= {
             "host": host, "port": port, "max_queue": max_queue, "request_timeout_s": request_timeout,
             "shutdown_grace_s": shutdown_grace, "audit_log": str(audit_log) if audit_log else None,
+            "api_key_file": str(api_key_file) if api_key_file else None,
             "audit_log_content": audit_log_content, "strict_input": strict_input,
             "default_max_tokens": default_max_tokens, "served_model_name": served_model_name,
             "tool_call_parser": tool_call_parser, "api_lenient": api_lenient, "max_connections": max_connections,
@@ -175,8 +178,10 @@ def register(app: typer.Typer) -> None:
             raise ConfigError(f"--log-level {log_level!r}: use debug, info, warning or error")
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         server = build_server(cfg, hooks, log_level=log_level.lower(), access_log=access_log)
-        auth = f"{len(cfg.api_keys)} API key(s)" if cfg.api_keys else "no auth"
-        if not cfg.api_keys and cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        ring = server.state.keys
+        auth = (f"{len(ring.plain) + len(ring.entries)} API key(s)" if ring.enabled else "no auth") + (
+            f", {len(ring.entries)} named from {cfg.api_key_file}" if cfg.api_key_file else "")
+        if not ring.enabled and cfg.host not in ("127.0.0.1", "localhost", "::1"):
             err.print(f"[yellow]warning:[/] listening on {cfg.host} without --api-key: anyone who can reach this "
                       "port can use the model", highlight=False)
         hook_note = f", {len(hooks.post_inference)} post_inference hook(s)" if hooks.post_inference else ""

@@ -142,7 +142,7 @@ def train_cmd(
         if inject_nonfinite_steps:
             worker_args += ["--inject-nonfinite-steps", inject_nonfinite_steps]
         return launch(nproc, worker_args)
-    from mlc.train.trainer import RunOptions, train
+    from mlc.train.run import RunOptions, train
 
     opts = RunOptions(
         resume="always" if resume else "auto", fresh=fresh, progress=not quiet,

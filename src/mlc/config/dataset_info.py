@@ -4,7 +4,9 @@ An entry is `{"file_name": ..., "formatting": "alpaca"|"sharegpt", "columns": {.
 renames the row keys (alpaca: prompt, query, response, history, system; sharegpt: messages, system, tools) and
 `tags` renames a ShareGPT turn's keys and role values (role_tag, content_tag, user_tag, assistant_tag,
 observation_tag, function_tag, system_tag; LLaMA-Factory reads them for sharegpt only, and so does mlc).
-`ranking`, `num_samples` and the preference/multimodal columns are refused; `file_sha1` and `split` do not change
+`ranking: true` with `columns.chosen` / `columns.rejected` describes pairwise rows (stage dpo or rm) and
+`columns.kto_tag` labelled rows (stage kto); supervised fine-tuning refuses both. `num_samples` and the multimodal
+columns are refused; `file_sha1` and `split` do not change
 how a local file reads. `DatasetSchema` holds the names a file's rows use; without an entry they are our own
 defaults (LLaMA-Factory's, plus `system` and `tools`, which are read whenever a row has them).
 
@@ -31,11 +33,10 @@ TAG_DEFAULTS: dict[str, str] = {
     "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
     "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system",
 }
-# columns of LLaMA-Factory's other stages (preference, KTO) and of multimodal data, which `mlc-cli train` cannot use
-REFUSED_COLUMNS = {
-    "chosen": "preference (DPO/ORPO) data", "rejected": "preference (DPO/ORPO) data", "kto_tag": "KTO data",
-    "images": "images", "videos": "videos", "audios": "audio",
-}
+# the preference stages' columns (pairwise: chosen/rejected; KTO: the row's desirable/undesirable label)
+PREFERENCE_COLUMNS: dict[str, str] = {"chosen": "chosen", "rejected": "rejected", "kto_tag": "label"}
+# columns of multimodal data, which `mlc-cli train` cannot use
+REFUSED_COLUMNS = {"images": "images", "videos": "videos", "audios": "audio"}
 REQUIRED_COLUMNS = {"alpaca": ("prompt", "response"), "sharegpt": ("messages",)}
 
 
@@ -48,6 +49,13 @@ class DatasetSchema:
     formatting: str | None = None
     source: str = ""  # "data/dataset_info.json entry 'qa'"
     named: tuple[tuple[str, str], ...] = ()  # (column, key) given in the entry's `columns`
+    ranking: bool = False  # LLaMA-Factory's `ranking: true`: pairwise chosen/rejected rows
+    preference: dict[str, str] = field(default_factory=lambda: dict(PREFERENCE_COLUMNS))
+
+    @property
+    def kto(self) -> bool:
+        """The entry names a kto_tag column: rows with one reply and a desirable/undesirable label."""
+        return any(kind == "kto_tag" for kind, _ in self.named)
 
     def col(self, name: str) -> str | None:
         return self.columns[name]
@@ -80,7 +88,7 @@ def _mapping(entry: dict, key: str, where: str, allowed) -> dict[str, Any]:
         raise ValueError(f"{where}: {key} must be an object like {{\"{next(iter(allowed))}\": \"...\"}}, "
                          f"got {type(value).__name__}")
     for k, v in value.items():
-        if k not in allowed and k not in REFUSED_COLUMNS:
+        if k not in allowed and k not in REFUSED_COLUMNS and k not in PREFERENCE_COLUMNS:
             raise ValueError(f"{where}: {key}.{k} is not a LLaMA-Factory {key} key; use {', '.join(allowed)}")
         if not isinstance(v, str) or not v:
             raise ValueError(f"{where}: {key}.{k} must name a key of the rows (a non-empty string), got {v!r}")
@@ -97,9 +105,9 @@ def schema_from_entry(name: str, entry: Any, info_path: Path) -> DatasetSchema:
         raise ValueError(f"{where}: formatting {formatting!r} is not one mlc reads; use alpaca or sharegpt (rows of "
                          "{messages: [{role, content}]} load as they are: remove the entry, or describe them as "
                          "sharegpt with columns.messages and tags)")
-    if entry.get("ranking"):
-        raise ValueError(f"{where}: ranking: true is preference data; mlc-cli train does supervised fine-tuning "
-                         "only, so give it rows with one response each")
+    ranking = entry.get("ranking", False)
+    if not isinstance(ranking, bool):
+        raise ValueError(f"{where}: ranking must be true or false, got {ranking!r}")
     if entry.get("num_samples") is not None:
         raise ValueError(f"{where}: num_samples is not read by mlc; cut the file to the rows to train on and "
                          "remove num_samples")
@@ -109,9 +117,16 @@ def schema_from_entry(name: str, entry: Any, info_path: Path) -> DatasetSchema:
     if refused:
         raise ValueError(f"{where}: columns.{refused[0]} is for {REFUSED_COLUMNS[refused[0]]}, which mlc-cli train "
                          "does not use; remove it (text SFT rows need prompt/response or messages)")
+    pref = {k: v for k, v in columns.items() if k in PREFERENCE_COLUMNS}
+    if ranking and "kto_tag" in pref:
+        raise ValueError(f"{where}: ranking: true (pairwise rows) and columns.kto_tag (labelled rows) exclude each "
+                         "other; keep ranking for chosen/rejected pairs or kto_tag for KTO rows")
+    if not ranking and ({"chosen", "rejected"} & set(pref)):
+        raise ValueError(f"{where}: columns.chosen/rejected describe pairwise rows; add ranking: true to the entry")
     return DatasetSchema(
-        columns={**COLUMN_DEFAULTS, **columns}, tags={**TAG_DEFAULTS, **tags}, formatting=formatting,
-        source=where, named=tuple(columns.items()),
+        columns={**COLUMN_DEFAULTS, **{k: v for k, v in columns.items() if k not in PREFERENCE_COLUMNS}},
+        tags={**TAG_DEFAULTS, **tags}, formatting=formatting, source=where, named=tuple(columns.items()),
+        ranking=ranking, preference={**PREFERENCE_COLUMNS, **pref},
     )
 
 

@@ -60,6 +60,7 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     api_keys: list[str] = []
+    api_key_file: str | None = None  # YAML/JSON list of named keys (sha256 hashes) with per-key limits; SIGHUP reloads
     max_queue: int = Field(256, ge=1)  # waiting requests beyond the running batch; more get 429
     request_timeout_s: float = Field(600.0, gt=0)
     audit_log: str | None = None  # JSONL path: one line per request (time, client, tokens)

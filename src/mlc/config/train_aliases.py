@@ -5,10 +5,10 @@
   pipeline_stage}`.
 - LLaMA-Factory / HF TrainingArguments: `model_name_or_path`, `cutoff_len`, `per_device_train_batch_size`,
   `num_train_epochs`, `lora_rank`, `lora_target`, `save_steps`, ... (`LLAMA_FACTORY`), and its run-kind keys
-  (`stage: sft`, `finetuning_type: lora`, `do_train: true`) when they ask for what `mlc-cli train` does.
+  (`stage: sft|dpo|kto|rm`, `finetuning_type: lora`, `do_train: true`) when they ask for what `mlc-cli train` does.
 
 Each rewrite is recorded (`origin`, or a line in `notes`); a value that asks for something mlc cannot do yet
-(pipeline_stage 2, stage dpo) is refused with what to write instead, never dropped.
+(pipeline_stage 2, stage ppo) is refused with what to write instead, never dropped.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ LLAMA_FACTORY: dict[str, str] = {
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Keys that name the kind of run: the value mlc-cli train does, or why another value is refused.
 RUN_KIND = {
-    "stage": ("sft", "mlc-cli train does supervised fine-tuning (stage: sft) only"),
     "finetuning_type": ("lora", "mlc-cli train trains LoRA adapters (finetuning_type: lora) only"),
     "do_train": (True, "mlc-cli train always trains; evaluate with `mlc-cli eval`"),
 }
@@ -134,7 +133,16 @@ def _parallel(data: dict, origin: dict[str, str], notes: list[str]) -> None:
         origin["nproc"] = "parallel_config.data_parallel"
 
 
+STAGES = ("sft", "dpo", "kto", "rm")
+
+
 def _run_kind(data: dict, notes: list[str]) -> None:
+    if "stage" in data:
+        stage = data["stage"].lower() if isinstance(data["stage"], str) else data["stage"]
+        if stage not in STAGES:
+            raise ValueError(f"stage: {data['stage']!r}: mlc-cli train runs stage sft, dpo (pref_loss sigmoid, ipo, "
+                             "orpo or simpo), kto or rm; ppo and pt are not built")
+        data["stage"] = stage
     for key, (ours, why) in RUN_KIND.items():
         if key not in data:
             continue

@@ -16,6 +16,9 @@ from mlc.config.train_aliases import normalize_train_aliases
 # The reference tutorial's (MindFormers/GLM) projection names -> the HF names transformers' Llama/GLM models use.
 TARGET_MODULE_ALIASES = {"query": "q_proj", "key": "k_proj", "value": "v_proj", "dense": "o_proj"}
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Stage = Literal["sft", "dpo", "kto", "rm"]
+PrefLoss = Literal["sigmoid", "ipo", "orpo", "simpo"]
+PREF_STAGES = ("dpo", "kto", "rm")
 _DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 
 
@@ -124,6 +127,14 @@ class TrainConfig(_Section):
     # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
     nproc: int = Field(1, ge=1)
     tensor_parallel: int = Field(1, ge=1)  # ranks each copy of the model is split over; tutorial: model_parallel
+    # Preference stages (LLaMA-Factory's keys): dpo (pref_loss sigmoid/ipo/orpo/simpo), kto, rm (a reward head).
+    stage: Stage = "sft"
+    pref_loss: PrefLoss = "sigmoid"
+    pref_beta: float = Field(0.1, gt=0.0)
+    simpo_gamma: float = Field(0.5, ge=0.0)  # SimPO's target margin
+    pref_ftx: float = Field(0.0, ge=0.0)  # weight of the chosen replies' SFT loss added to a dpo loss
+    kto_chosen_weight: float = Field(1.0, gt=0.0)  # KTO's desirable weight
+    kto_rejected_weight: float = Field(1.0, gt=0.0)  # KTO's undesirable weight
 
     @model_validator(mode="after")
     def _check(self):
@@ -132,7 +143,26 @@ class TrainConfig(_Section):
                 f"max_seq_len ({self.max_seq_len}) must be a multiple of data.pad_to_multiple_of "
                 f"({self.data.pad_to_multiple_of})"
             )
+        if self.stage in PREF_STAGES:
+            self._check_preference()
         return self
+
+    def _check_preference(self) -> None:
+        """What a preference stage cannot run with, named before any model loads."""
+        if self.tensor_parallel > 1 or self.nproc > 1:
+            raise ValueError(f"stage: {self.stage} runs in one process for now; set nproc: 1 and tensor_parallel: 1 "
+                             "(or train stage: sft across processes)")
+        if self.data.packing:
+            raise ValueError(f"stage: {self.stage} scores whole replies; set data.packing: false")
+        if self.stage == "kto" and self.batch_size < 2:
+            raise ValueError("stage: kto estimates its KL term from mismatched pairs within a batch; "
+                             "set batch_size: 2 or more")
+        if "train" not in self.data.model_fields_set:
+            example = "data/kto_support.jsonl" if self.stage == "kto" else "data/pref_support.jsonl"
+            raise ValueError(f"stage: {self.stage} needs {'labelled' if self.stage == 'kto' else 'pairwise'} data; "
+                             f"set data.train (e.g. {example})")
+        if "eval" not in self.data.model_fields_set:
+            self.data.eval = None  # the default eval set is SFT rows
 
     @classmethod
     def normalize_aliases(cls, data: dict, notes: list[str] | None = None) -> tuple[dict, dict[str, str]]:

@@ -185,9 +185,11 @@ class AsyncEngine:
         validated: bool = False,
         hold_kv: bool = False,
         kv_handle: KVHandle | None = None,
+        fair_group: str | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Queue one request now and return its outputs as they come; `validated`: the caller already ran
-        `validate`. A stream closed before its end aborts the request; one never iterated needs `release`.
+        `validate`; `fair_group`: an opaque id the waiting queue takes round-robin. A stream closed before its end
+        aborts the request; one never iterated needs `release`.
         `hold_kv` (a prefill instance): the first token only, its pages leased for a decoder (`kv_handle` then).
         `kv_handle` (a decode instance): continue from a prefill instance's pages, pulled by `kv_puller`."""
         rid = request_id or f"req-{next(self._ids)}"
@@ -201,7 +203,7 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine stopped after an internal error: {self.error}")
         with self._lock:
             self._unstarted[rid] = params.n
-        self._commands.put(("add", rid, prompt, params, adapter_id, validated, hold_kv, kv_handle))
+        self._commands.put(("add", rid, prompt, params, adapter_id, validated, hold_kv, kv_handle, fair_group))
         self._wake.set()
         return self._outputs(rid, q)
 
@@ -283,7 +285,7 @@ class AsyncEngine:
                 except Exception as e:
                     self._deliver_all(self._engine.fail_requests(e, [cmd[1]]))
             elif cmd[0] == "add":
-                _, rid, prompt, params, adapter_id, validated, hold_kv, kv_handle = cmd
+                _, rid, prompt, params, adapter_id, validated, hold_kv, kv_handle, fair_group = cmd
                 with self._lock:
                     self._unstarted.pop(rid, None)
                 if rid not in self._queues:
@@ -296,7 +298,7 @@ class AsyncEngine:
                         if pending is not None:
                             self._pull(rid, pending)
                     else:
-                        self._engine.add_request(rid, prompt, params, adapter_id, validated)
+                        self._engine.add_request(rid, prompt, params, adapter_id, validated, fair_group)
                 except MlcError as e:
                     self._deliver(rid, e)
                 except Exception as e:  # a bug in admission: this request fails, the engine is checked

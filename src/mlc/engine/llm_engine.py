@@ -211,9 +211,10 @@ class LLMEngine(PDMixin):
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None, adapter_id: int = 0,
-        validated: bool = False,
+        validated: bool = False, fair_group: str | None = None,
     ) -> None:
-        """Queue a request; `validated` skips `validate` when the caller (the server) already ran it."""
+        """Queue a request; `validated` skips `validate` when the caller (the server) already ran it; `fair_group`
+        is an opaque id the waiting queue takes round-robin (see `Scheduler.add`)."""
         params = params or SamplingParams()
         if request_id in self.outputs.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use", field="request_id")
@@ -223,7 +224,7 @@ class LLMEngine(PDMixin):
         adapter_key = self.loras.touch(adapter_id).key if adapter_id else 0
         grammar = self.compile_grammar(params.grammar) if params.grammar is not None else None
         seq = Sequence(request_id, ids, params, adapter_id=adapter_id, max_len=self.max_seq_len, grammar=grammar,
-                       adapter_key=adapter_key)
+                       adapter_key=adapter_key, fair_group=fair_group)
         self.outputs.add(request_id, ids, params, seq)
         self.prompt_tokens += len(ids)
         self.scheduler.add(seq)

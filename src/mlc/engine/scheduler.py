@@ -55,10 +55,27 @@ class Scheduler:
         self.num_preemptions = 0
         self.on_finish: Callable[[Sequence], None] | None = None  # sees a finished sequence before its pages go
         self.max_loras = max_loras  # distinct LoRA adapters in one batch; None: no bound
+        self._grouped = False  # a sequence with a fairness group was queued: order the queue round-robin
 
     def add(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
-        self.waiting.append(seq)
+        if seq.fair_group is None and not self._grouped:
+            self.waiting.append(seq)
+            return
+        self._grouped = True
+        self.waiting.insert(self._fair_position(seq.fair_group), seq)
+
+    def _fair_position(self, group: str | None) -> int:
+        """Round-robin across fairness groups (opaque ids the caller gives, e.g. one per API key): a new sequence's
+        round is how many of its group already wait; it goes before the first waiting sequence of a later round, so
+        a group that queued a burst cannot hold back another group's first sequence."""
+        mine = sum(1 for s in self.waiting if s.fair_group == group)
+        seen: dict[str | None, int] = {}
+        for i, s in enumerate(self.waiting):
+            r = seen[s.fair_group] = seen.get(s.fair_group, -1) + 1
+            if r > mine:
+                return i
+        return len(self.waiting)
 
     def add_running(self, seq: Sequence) -> None:
         """A forked sample joins the batch directly (its pages are shared with its parent)."""

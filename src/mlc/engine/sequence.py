@@ -52,6 +52,7 @@ class Sequence:
     params: SamplingParams
     adapter_id: int = 0  # 0: base model
     sample_index: int = 0  # which of the request's n samples
+    fair_group: str | None = None  # opaque fairness id: the scheduler queues groups round-robin (server: API key)
     seq_id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -64,8 +64,8 @@ def create_app(config: ServeConfig, hooks: HooksConfig | None = None,
     state.on_ready.append(lambda engine: attach_pd(state, engine))
     app.add_middleware(PDMiddleware, role=config.kv_role)  # innermost: the transfer headers, per request
     app.add_middleware(BodyLimitMiddleware, limit=MAX_BODY_BYTES)  # auth and audit see the 413 first
-    if config.api_keys or config.admin_api_keys:
-        app.add_middleware(APIKeyMiddleware, keys=config.api_keys, admin_keys=config.admin_api_keys)
+    if state.keys.enabled or config.admin_api_keys:
+        app.add_middleware(APIKeyMiddleware, keys=state.keys, admin_keys=config.admin_api_keys)
     if state.audit_log is not None or state.hooks.enabled:
         app.add_middleware(AuditMiddleware, audit_log=state.audit_log, hooks=state.hooks, model=state.model_id)
     app.add_middleware(metrics.RouteCounter, metrics=state.metrics)  # auth's 401s come before routing: unmatched

@@ -10,12 +10,14 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+from contextvars import ContextVar
 
-from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mlc.errors import AuthError
 from mlc.server.errors import mlc_error_response
+from mlc.server.keys import KeyRing, Match
+from mlc.server.observability.audit import audit_info
 
 log = logging.getLogger("mlc.server")
 
@@ -24,9 +26,9 @@ OPEN_PREFIXES = ("/static/",)
 ENV_VAR = "MLC_API_KEY"
 ADMIN_ENV_VAR = "MLC_ADMIN_API_KEY"
 ADMIN_PATHS = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})  # change what the server serves
+# who the request's key is, for admission (per-key limits, fairness): set here, read by run_request.start
+current_key: ContextVar[Match | None] = ContextVar("mlc_current_key", default=None)
 
-# Documents the scheme in /openapi.json; the middleware does the checking.
-bearer_scheme = HTTPBearer(auto_error=False, description="Needed when the server runs with --api-key / MLC_API_KEY.")
 
 
 def keys_from_env(value: str | None = None, var: str = ENV_VAR) -> list[str]:
@@ -52,35 +54,56 @@ def check_authorization(header: str | None, keys: list[str]) -> str | None:
     return None if any(ok) else "the key is not one of the server's keys"
 
 
-class APIKeyMiddleware:
-    """`keys` guard every route but the open ones; the admin routes (`ADMIN_PATHS`: loading adapters) take only
-    `admin_keys`, and are closed to everyone when `keys` are set and `admin_keys` are not."""
+def _token(header: str | None) -> str | None:
+    scheme, _, token = (header or "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
 
-    def __init__(self, app: ASGIApp, keys: list[str], admin_keys: list[str] | None = None):
+
+class APIKeyMiddleware:
+    """`keys` (plain and named) guard every route but the open ones; the admin routes (`ADMIN_PATHS`: loading
+    adapters) take only `admin_keys`, and are closed to everyone when `keys` are set and `admin_keys` are not."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing, admin_keys: list[str] | None = None):
         self.app = app
-        self.keys = list(keys)
+        self.keys = keys
         self.admin_keys = list(admin_keys or [])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         admin = scope["type"] == "http" and scope["path"] in ADMIN_PATHS
-        keys = (self.admin_keys or self.keys) if admin else self.keys
-        if scope["type"] != "http" or not keys or is_open(scope["path"]) or scope["method"] == "OPTIONS":
+        guarded = self.keys.enabled or (admin and bool(self.admin_keys))
+        if scope["type"] != "http" or not guarded or is_open(scope["path"]) or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         given = headers.get("authorization")
-        problem = check_authorization(given, keys)
-        if problem is not None and headers.get("x-api-key"):  # Anthropic's clients send the key this way
-            problem = check_authorization(f"Bearer {headers['x-api-key']}", keys)
-        if admin and not self.admin_keys:
-            problem = "this route needs an admin key and the server has none (start it with --admin-api-key)"
-        elif admin and problem is not None:
-            problem = f"{problem} (this route takes an --admin-api-key key)"
-        if problem is None:
-            await self.app(scope, receive, send)
+        token = _token(given) or headers.get("x-api-key")  # Anthropic's clients send the key as x-api-key
+        if admin:
+            if token is not None and any([hmac.compare_digest(token.encode(), k.encode()) for k in self.admin_keys]):
+                await self.app(scope, receive, send)
+                return
+            why = ("this route needs an admin key and the server has none (start it with --admin-api-key)"
+                   if not self.admin_keys else
+                   f"{check_authorization(given, []) if not token else 'the key is not an admin key'} "
+                   "(this route takes an --admin-api-key key)")
+            await self._refuse(scope, receive, send, why)
             return
+        match = self.keys.match(token) if token else None
+        if match is not None:
+            if match.name is not None:
+                audit_info(scope).key_name = match.name
+            reset = current_key.set(match)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                current_key.reset(reset)
+            return
+        problem = check_authorization(given, []) if not token else None
+        await self._refuse(scope, receive, send, problem or "the key is not one of the server's keys")
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, problem: str) -> None:
         client = scope.get("client") or ("?", 0)
         log.warning("401 %s %s from %s: %s", scope["method"], scope["path"], client[0], problem)
         err = AuthError(f"unauthorized: {problem}; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with a "
-                        "key the server was started with (--api-key or MLC_API_KEY)")
+                        "key the server was started with (--api-key, MLC_API_KEY or --api-key-file)")
         await mlc_error_response(err)(scope, receive, send)

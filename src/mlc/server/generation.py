@@ -22,6 +22,7 @@ from mlc.server.state import loaded_engine, started_loop
 if TYPE_CHECKING:
     from mlc.engine.outputs import RequestOutput
     from mlc.server.state import ServerState
+    from mlc.server.tenants import Ticket
 
 
 ABORT_GRACE_S = 2.0  # a stopped request waits this long for the engine's final output before ending by itself
@@ -29,8 +30,9 @@ ABORT_GRACE_S = 2.0  # a stopped request waits this long for the engine's final 
 
 class Generation:
     def __init__(self, state: ServerState, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                 adapter_id: int = 0):
+                 adapter_id: int = 0, ticket: Ticket | None = None):
         self.state = state
+        self.ticket = ticket  # the API key's claim (limits, counters), released with the real token count
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.params = params
@@ -48,7 +50,8 @@ class Generation:
         self._gen = loaded_engine(state).generate(
             prompt_ids, params, request_id, adapter_id, validated=True,
             hold_kv=self.kv is not None and self.kv.prefill,
-            kv_handle=self.kv.handle_in if self.kv is not None else None)
+            kv_handle=self.kv.handle_in if self.kv is not None else None,
+            fair_group=ticket.name if ticket is not None else None)
         self._timer = started_loop(state).call_later(state.config.request_timeout_s, self.stop, FinishReason.TIMEOUT)
         state.active.add(self)
 
@@ -125,6 +128,8 @@ class Generation:
         if self.closed:
             return
         self.closed = True
+        if self.ticket is not None:
+            self.ticket.release(self.last.num_generated_tokens if self.last is not None else 0)
         self._timer.cancel()
         if self._give_up_timer is not None:
             self._give_up_timer.cancel()

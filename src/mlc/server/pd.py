@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mlc.engine.kv_transfer import KVHandle, PendingImport, pack_bytes
 from mlc.engine.kv_transport import KVReceiver, KVSender
 from mlc.errors import InvalidRequestError
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.errors import error_body
 from mlc.server.state import loaded_engine
 

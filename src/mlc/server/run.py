@@ -1,5 +1,5 @@
 """Run the app under uvicorn, with a graceful SIGTERM: stop admitting (503), let in-flight requests finish within
-the grace period, cancel what is left (finish_reason "abort"), then exit 0.
+the grace period, cancel what is left (finish_reason "abort"), then exit 0. SIGHUP reloads --api-key-file.
 
 A second SIGTERM/SIGINT cuts the grace period short: in-flight requests end at once with finish_reason "abort" (a
 JSON body, or a stream's final chunk and [DONE]) and the process exits as soon as they are answered; only a third
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 
 import uvicorn
 
@@ -75,7 +76,19 @@ def build_server(config: ServeConfig, hooks: HooksConfig | None = None, log_leve
         server.should_exit = True
 
     state.on_fatal = fatal
+    if state.keys.path and hasattr(signal, "SIGHUP") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, lambda *_: reload_keys(state))
     return server
+
+
+def reload_keys(state: ServerState) -> None:
+    """SIGHUP: re-read --api-key-file on the event loop (requests in flight keep running; a bad file keeps the old
+    keys and logs why)."""
+    log.info("received SIGHUP: reloading the API key file %s", state.keys.path)
+    if state.loop is None:
+        state.keys.reload()
+    else:
+        state.loop.call_soon_threadsafe(state.keys.reload)
 
 
 def serve(config: ServeConfig, hooks: HooksConfig | None = None, **kw) -> int:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from mlc.engine.sampling_params import SamplingParams
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError
+from mlc.server.auth import current_key
 from mlc.server.errors import ClientDisconnected, error_body
 from mlc.server.generation import Generation
 from mlc.server.input_policy import STRIPPED_HEADER
@@ -47,13 +48,23 @@ def validate(state: ServerState, ids: list[int], params: SamplingParams, limits:
 
 async def start(state: ServerState, request_id: str, jobs: list[tuple[list[int], SamplingParams]],
                 adapter_id: int = 0) -> list[Generation]:
-    """Admit and start one Generation per (prompt ids, params); all or none."""
+    """Admit and start one Generation per (prompt ids, params); all or none. A named API key's limits are checked
+    and charged here (server/tenants.py), and its name orders the engine's queue round-robin across keys."""
     gens: list[Generation] = []
+    key = current_key.get()
     try:
         for k, (ids, params) in enumerate(jobs):
             state.admit(params.n)
-            gens.append(Generation(state, request_id if len(jobs) == 1 else f"{request_id}-{k}", ids, params,
-                                   adapter_id))
+            ticket = None
+            if key is not None and key.entry is not None:
+                ticket = state.tenants.admit(key.entry, len(ids), params.max_new_tokens * params.n)
+            try:
+                gens.append(Generation(state, request_id if len(jobs) == 1 else f"{request_id}-{k}", ids, params,
+                                       adapter_id, ticket))
+            except BaseException:
+                if ticket is not None:
+                    ticket.release(0)
+                raise
     except BaseException:
         for g in gens:
             await g.close()

@@ -21,10 +21,12 @@ from mlc.engine.lora_manager import AdapterConflictError
 from mlc.engine.sequence import FinishReason
 from mlc.errors import MlcError, ModelNotFoundError, QueueFullError, RequestTooLargeError, ServiceUnavailableError
 from mlc.server.input_policy import InputPolicy
+from mlc.server.keys import KeyRing
 from mlc.server.lora_paths import LoRAPaths
 from mlc.server.observability.audit import AuditLog
 from mlc.server.observability.hooks import HookRunner, HooksConfig
 from mlc.server.observability.metrics import ServerMetrics
+from mlc.server.tenants import Tenants
 from mlc.server.token_text import TokenText
 
 if TYPE_CHECKING:
@@ -61,6 +63,8 @@ class ServerState:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.model_id)
+        self.keys = KeyRing(config.api_keys, config.api_key_file)  # a bad key file fails here, before serving
+        self.tenants = Tenants(self.metrics.registry, self.model_id)
         self.policy = InputPolicy(config.strict_input)
         self.audit_log = AuditLog(config.audit_log, config.audit_log_content) if config.audit_log else None
         self.hooks = HookRunner(hooks or HooksConfig())

@@ -13,21 +13,9 @@ from mlc.config.device import DTYPES
 from mlc.errors import ConfigError, ModelFormatError
 from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
-from mlc.train.model import load_adapter, load_base_model
+from mlc.train.model import adapter_base, load_adapter, load_base_model
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-
-
-def adapter_base(adapter: Path) -> str:
-    """The base model recorded in the adapter's config (a checkpoint dir or store name)."""
-    try:
-        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{adapter} is not a PEFT adapter (adapter_config.json unreadable: {e})") from None
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise ConfigError(f"{adapter}/adapter_config.json names no base model; pass --model")
-    return base
 
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:
@@ -70,6 +58,12 @@ def export_adapter(
         for name in ADAPTER_FILES:
             shutil.copy2(adapter / name, tmp / name)
         return _publish(tmp, out, overwrite)
+    from mlc.train.reward import is_reward_adapter
+
+    if is_reward_adapter(adapter):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(f"{adapter} is a reward model (stage: rm): its head cannot merge into a causal LM; export it "
+                          "without --merge and load it with mlc.train.reward.load_reward_model")
     model_dir = resolve_model_dir(model or adapter_base(adapter))
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of {', '.join(sorted(DTYPES))}")

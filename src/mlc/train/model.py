@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import torch
@@ -69,8 +70,9 @@ def linear_module_names(model) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
-def attach_lora(model, lora: LoraSection):
-    """Wrap `model` with a fresh LoRA adapter; base weights frozen, adapter weights in `lora.dtype`."""
+def attach_lora(model, lora: LoraSection, modules_to_save: list[str] | None = None):
+    """Wrap `model` with a fresh LoRA adapter; base weights frozen, adapter weights in `lora.dtype`.
+    `modules_to_save`: whole modules trained and saved with the adapter (the reward stage's head)."""
     from peft import LoraConfig, get_peft_model
 
     targets = lora.resolved_target_modules()
@@ -85,7 +87,7 @@ def attach_lora(model, lora: LoraSection):
         # peft annotates lora_alpha as int; it only scales by lora_alpha / r, and the config allows any alpha > 0
         r=lora.r, lora_alpha=lora.alpha,  # type: ignore[arg-type]
         lora_dropout=lora.dropout, target_modules=targets,
-        bias="none", task_type="CAUSAL_LM",
+        bias="none", task_type="CAUSAL_LM", modules_to_save=modules_to_save,
     )
     peft_model = get_peft_model(model, config)
     adapter_dtype = DTYPES[lora.dtype]
@@ -120,3 +122,15 @@ def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype:
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def adapter_base(adapter: Path) -> str:
+    """The base model recorded in the adapter's config (a checkpoint dir or store name)."""
+    try:
+        config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{adapter} is not a PEFT adapter (adapter_config.json unreadable: {e})") from None
+    base = config.get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{adapter}/adapter_config.json names no base model; pass --model")
+    return base

@@ -290,6 +290,10 @@ def tokenize_file(path: str | Path, tokenizer, opts: PreprocessOptions,
     stats = PreprocessStats(source=str(path), options=asdict(opts))
     want, schema = data_schema(path, opts.format)
     stats.dataset_info = schema.source
+    if schema.ranking or schema.kto:
+        kind, stage = ("preference data (ranking: true)", "dpo or rm") if schema.ranking else ("KTO data", "kto")
+        raise DataError(f"{path}: {schema.source} describes {kind}, which supervised fine-tuning cannot use; "
+                        f"set stage: {stage} to train on it")
     formats: Counter[str] = Counter()
     examples: list[tuple[list[int], list[int]]] = []
     seen: set = set()  # keys of the rows, when a dataset_info.json entry says which ones they must have

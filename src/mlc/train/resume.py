@@ -13,13 +13,19 @@ from mlc.train import checkpoint as ckpt
 from mlc.train.distributed import DistInfo, all_reduce_sum
 from mlc.train.logging import warn
 
-RESUME_KEYS = ("model", "data", "lora", "seed", "max_seq_len", "train_on_prompt")
+RESUME_KEYS = ("model", "data", "lora", "seed", "max_seq_len", "train_on_prompt", "stage", "pref_loss")
+
+
+def _default(key: str):
+    field = TrainConfig.model_fields.get(key)
+    return field.default if field is not None else None
 
 
 def check_resumable(cfg: TrainConfig, world_size: int, state: dict, path: Path) -> None:
     saved = state.get("config", {})
     now = cfg.model_dump()
-    changed = [k for k in RESUME_KEYS if saved.get(k) != now.get(k)]
+    # keys added later: a checkpoint saved before them had their defaults
+    changed = [k for k in RESUME_KEYS if saved.get(k, _default(k)) != now.get(k)]
     if state.get("rows_per_step") != cfg.rows_per_step(world_size):
         changed.append("batch_size x gradient_accumulation_steps x nproc")
     if changed:

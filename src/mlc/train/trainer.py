@@ -29,14 +29,7 @@ from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
 from mlc.train import checkpoint as ckpt
 from mlc.train.data import batches_for, target_count, training_data
-from mlc.train.distributed import (
-    DistInfo,
-    all_reduce_sum,
-    barrier,
-    device_for_rank,
-    init_distributed,
-    shutdown,
-)
+from mlc.train.distributed import DistInfo, all_reduce_sum, barrier, device_for_rank, init_distributed, shutdown
 from mlc.train.evaluate import score_rows
 from mlc.train.logging import ConsoleReporter, TrainLog
 from mlc.train.model import attach_lora, compute_dtype, load_base_model, loss_sum, trainable_parameters
@@ -132,7 +125,7 @@ class LoRATrainer:
     def _build_model(self) -> None:
         load_dtype = self.dtype if self.dtype != torch.float16 else torch.float32
         base = load_base_model(self.model_dir, load_dtype, self.device)
-        self.peft_model = attach_lora(base, self.cfg.lora)
+        self.peft_model = self._attach(base)
         self.peft_model.train()
         self.model = self.peft_model
         dp_group = None
@@ -157,6 +150,10 @@ class LoRATrainer:
         )
         self.scheduler = build_scheduler(self.cfg, self.optimizer, self.total_steps)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+
+    def _attach(self, base):
+        """The trainable model around the loaded base (the reward stage adds its head here)."""
+        return attach_lora(base, self.cfg.lora)
 
     def _restore(self) -> int:
         """The step to start from (0 without a usable checkpoint)."""
@@ -230,6 +227,16 @@ class LoRATrainer:
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             local_sum += summed.detach().double().cpu()
         mean_loss = float(all_reduce_sum(local_sum, self.dist)) / max(targets, 1.0)
+        grad_norm, lr, finite = self._update(mean_loss)
+        elapsed = time.perf_counter() - t0
+        return {
+            "step": step + 1, "epoch": round((step + 1) / self.plan.steps_per_epoch, 4), "loss": mean_loss,
+            "lr": lr, "grad_norm": grad_norm, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
+            "skipped": not finite, "seconds": elapsed,
+        }
+
+    def _update(self, mean_loss: float) -> tuple[float, float, bool]:
+        """Clip, guard and step on the accumulated gradients: (grad norm, lr used, whether the update was made)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         clip = self.cfg.clip_norm if self.cfg.clip_norm is not None else float("inf")
@@ -248,12 +255,7 @@ class LoRATrainer:
             self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()  # a skipped step still advances the schedule, so the run ends on schedule
-        elapsed = time.perf_counter() - t0
-        return {
-            "step": step + 1, "epoch": round((step + 1) / self.plan.steps_per_epoch, 4), "loss": mean_loss,
-            "lr": lr, "grad_norm": grad_norm, "tokens": int(tokens), "tokens_per_s": tokens / elapsed,
-            "skipped": not finite, "seconds": elapsed,
-        }
+        return grad_norm, lr, finite
 
     def _count(self, record: dict, reporter: ConsoleReporter) -> None:
         """Overflow bookkeeping: a skipped step is counted and announced; a good one resets the streak."""
@@ -385,7 +387,3 @@ class LoRATrainer:
             if self.log.step_records():
                 plot_loss(self.out)
         return result
-
-
-def train(cfg: TrainConfig, opts: RunOptions | None = None) -> TrainResult:
-    return LoRATrainer(cfg, opts).run()

@@ -42,6 +42,7 @@ class AuditInfo:
     user: str | None = None  # OpenAI's tenant fields, as the request gave them (per-tenant accounting)
     safety_identifier: str | None = None
     service_tier: str | None = None
+    key_name: str | None = None  # the API key's name from --api-key-file (never the key)
 
 
 def audit_info(scope: Scope) -> AuditInfo:
@@ -93,8 +94,9 @@ def build_record(scope: Scope, status: int, latency_s: float, info: AuditInfo, m
         "latency_ms": round(latency_s * 1000, 2),
         "stripped_chars": info.stripped_chars,
     }
-    record.update({k: v for k, v in (("user", info.user), ("safety_identifier", info.safety_identifier),
-                                     ("service_tier", info.service_tier)) if v is not None})
+    tenant = (("user", info.user), ("safety_identifier", info.safety_identifier),
+              ("service_tier", info.service_tier), ("key_name", info.key_name))
+    record.update({k: v for k, v in tenant if v is not None})
     if include_content:
         record["prompt"] = info.prompt
         record["output"] = info.output

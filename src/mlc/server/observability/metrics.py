@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.observability.metrics_history import LatencyWindow, MetricsHistory
 from mlc.server.protocol.responses_doc import AUTH_RESPONSES
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.lora_paths import check_name
 from mlc.server.protocol.responses_doc import ERROR_RESPONSES
 from mlc.server.state import ServerState, loaded_engine

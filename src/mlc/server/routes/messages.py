@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.lenient import LenientRoute
 from mlc.server.protocol.anthropic import (
     AnthropicError,

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request, Security
 
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.observability.audit import audit_info
 from mlc.server.params import completion_budget, resolve_context, sampling_params, stop_list
 from mlc.server.prompting import encode, off_loop

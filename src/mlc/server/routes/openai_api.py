@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Security
 from mlc.engine.grammar import GrammarSpec
 from mlc.errors import InvalidRequestError, ModelNotFoundError, UnsupportedFeatureError
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.chat.assistant_output import finish_reason
 from mlc.server.chat.request import plan_chat
 from mlc.server.chat.structured import compile_grammar, requested_spec

@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.protocol.responses_doc import AUTH_RESPONSES
 from mlc.server.protocol.schemas import ErrorResponse
 from mlc.server.routes.dashboard import MetricsSnapshot, snapshot

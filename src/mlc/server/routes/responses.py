@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.lenient import LenientRoute
 from mlc.server.protocol.responses import (
     CreateResponseRequest,

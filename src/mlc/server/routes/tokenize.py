@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Security
 
 from mlc.errors import InvalidRequestError
 from mlc.server import run_request as rr
-from mlc.server.auth import bearer_scheme
+from mlc.server.bearer import bearer_scheme
 from mlc.server.chat.messages import render
 from mlc.server.input_policy import STRIPPED_HEADER
 from mlc.server.observability.audit import audit_info
