@@ -32,11 +32,12 @@ def server(tmp_path_factory):
 
 
 def test_flood_gets_429_with_retry_after(server):
-    # One long request holds the only batch slot first, so the flood meets a full engine whatever this machine's
-    # speed: the first request of the flood fills the one queue place and every other one is refused.
+    # One long request holds the only batch slot first (until the request timeout: it cannot end sooner), so the
+    # flood meets a full engine whatever this machine's speed: the first request of the flood fills the one queue
+    # place and every other one is refused.
     async def flood():
         async with httpx.AsyncClient(timeout=60) as c:
-            async with c.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}) as s:
+            async with c.stream("POST", server.url + "/v1/completions", json={**LONGER, "stream": True}) as s:
                 async for line in s.aiter_lines():
                     if line.startswith("data:"):
                         break

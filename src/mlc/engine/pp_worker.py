@@ -5,13 +5,10 @@ leave: to the next stage, or, on the last stage, the next-token logits to the dr
 
 from __future__ import annotations
 
-import datetime
-import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from mlc.engine.tp_worker import _connect, _die_with_parent
+from mlc.engine.tp_worker import join_group, serve_commands
 
 if TYPE_CHECKING:
     import torch
@@ -81,49 +78,18 @@ class Stage:
 
 def stage_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict[str, Any], threads: int,
                control: int, ranges: list[list[int]]) -> None:
-    _die_with_parent()
-    pipe = _connect(control, rank)
-    logging.basicConfig(level=os.environ.get("MLC_LOG_LEVEL", "WARNING"), format=f"stage{rank} %(message)s")
     import torch
-    import torch.distributed as dist
 
-    from mlc.config.device import resolve_device
-    from mlc.config.engine_config import EngineConfig
-    from mlc.distributed.checks import backend_for, rank_device
     from mlc.distributed.pipeline import pipeline_links
-    from mlc.engine.tp_group import COLLECTIVE_TIMEOUT_S
 
-    torch.set_num_threads(threads)
-    config = EngineConfig(**engine)
-    device = rank_device(resolve_device(config.device), rank)
-    backend = backend_for(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
-                            device_id=device if backend != "gloo" else None)
+    pipe, config, device = join_group(rank, size, port, engine, threads, control, f"stage{rank}")
     links = pipeline_links(size)
-    stage = None
-    try:
-        stage = Stage(config, device, rank, ranges, links)
-        pipe.send(("ok", None))
-    except Exception as e:
-        pipe.send(("error", f"{type(e).__name__}: {e}"))
-    while True:
-        try:
-            method, args = pipe.recv()
-        except (EOFError, OSError):
-            break  # the driver is gone
-        if method == "stop":
-            break
-        try:
-            with torch.inference_mode():
-                detail = getattr(stage, method)(*args)
-            pipe.send(("ok", detail))
-        except Exception as e:
-            pipe.send(("error", f"{type(e).__name__}: {e}"))
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+
+    def call(stage: Stage, method: str, args: tuple[Any, ...]) -> Any:
+        with torch.inference_mode():
+            return getattr(stage, method)(*args)
+
+    serve_commands(pipe, lambda: Stage(config, device, rank, ranges, links), call)
 
 
 if __name__ == "__main__":

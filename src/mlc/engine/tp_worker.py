@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -80,18 +81,20 @@ def _connect(control_port: int, rank: int) -> Connection:
     return conn
 
 
-def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict[str, Any], threads: int,
-                control: int) -> None:
+def join_group(rank: int, size: int, port: int, engine: dict[str, Any], threads: int, control: int,
+               label: str) -> tuple[Connection, EngineConfig, torch.device]:
+    """A worker process's start (tensor-parallel rank or pipeline stage): exit with the driver, connect the control
+    pipe, log as `label`, join the driver's process group. Returns the pipe, the engine config and this rank's
+    device."""
     _die_with_parent()
     pipe = _connect(control, rank)
-    logging.basicConfig(level=os.environ.get("MLC_LOG_LEVEL", "WARNING"), format=f"rank{rank} %(message)s")
+    logging.basicConfig(level=os.environ.get("MLC_LOG_LEVEL", "WARNING"), format=f"{label} %(message)s")
     import torch
     import torch.distributed as dist
 
     from mlc.config.device import resolve_device
     from mlc.config.engine_config import EngineConfig
     from mlc.distributed.checks import backend_for, rank_device
-    from mlc.distributed.state import set_parallel_state
     from mlc.engine.tp_group import COLLECTIVE_TIMEOUT_S
 
     torch.set_num_threads(threads)
@@ -101,10 +104,18 @@ def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                             device_id=device if backend != "gloo" else None)
-    set_parallel_state(rank, size, expert_parallel)
-    worker = None
+    return pipe, config, device
+
+
+def serve_commands(pipe: Connection, build: Callable[[], Any],
+                   call: Callable[[Any, str, tuple[Any, ...]], Any]) -> None:
+    """Build this process's part (`build`), answer "ok" or its error, then run the driver's commands (`call(part,
+    method, args)`, whose result goes back with the "ok") until "stop" or the driver is gone; leave the group."""
+    import torch.distributed as dist
+
+    part = None
     try:
-        worker = Worker(config, device)
+        part = build()
         pipe.send(("ok", None))
     except Exception as e:
         pipe.send(("error", f"{type(e).__name__}: {e}"))
@@ -116,14 +127,26 @@ def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: 
         if method == "stop":
             break
         try:
-            getattr(worker, method)(*args)
-            pipe.send(("ok", None))
+            pipe.send(("ok", call(part, method, args)))
         except Exception as e:
             pipe.send(("error", f"{type(e).__name__}: {e}"))
     try:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict[str, Any], threads: int,
+                control: int) -> None:
+    from mlc.distributed.state import set_parallel_state
+
+    pipe, config, device = join_group(rank, size, port, engine, threads, control, f"rank{rank}")
+    set_parallel_state(rank, size, expert_parallel)
+
+    def call(worker: Worker, method: str, args: tuple[Any, ...]) -> None:
+        getattr(worker, method)(*args)  # the driver has the results: nothing goes back
+
+    serve_commands(pipe, lambda: Worker(config, device), call)
 
 
 if __name__ == "__main__":
