@@ -8,18 +8,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from mlc.engine.tp_worker import join_group, serve_commands
+from mlc.engine.tp_worker import CacheHolder, join_group, serve_commands
 
 if TYPE_CHECKING:
     import torch
 
     from mlc.config.engine_config import EngineConfig
     from mlc.distributed.pipeline import PipelineLinks
-    from mlc.engine.model_runner import ModelRunner, StepInputs
+    from mlc.engine.model_runner import StepInputs
     from mlc.engine.page_manager import PageCopy
 
 
-class Stage:
+class Stage(CacheHolder):
     def __init__(self, config: EngineConfig, device: torch.device, rank: int, ranges: list[list[int]],
                  links: PipelineLinks) -> None:
         from mlc.engine.pp_stage import cut_to_stage, stage_input
@@ -34,21 +34,9 @@ class Stage:
         self.input = embed
         self.hidden_size = int(model.config.hidden_size)
         self.sends: list[tuple[torch.Tensor, Any]] = []  # hidden states on their way to the next stage
-        self._runner: ModelRunner | None = None
 
-    @property
-    def runner(self) -> ModelRunner:
-        if self._runner is None:
-            raise RuntimeError("the driver sent a step before init_cache")
-        return self._runner
-
-    def init_cache(self, num_pages: int, page_size: int, kv_cache_dtype: str) -> None:
-        from mlc.engine.kv_cache import KVCache, kv_dtype
-        from mlc.engine.model_runner import ModelRunner
-
-        dtype = kv_dtype(kv_cache_dtype, self.model.dtype)
-        cache = KVCache(self.model.stage_cache_spec(), num_pages, page_size, dtype, self.device)
-        self._runner = ModelRunner(self.model, cache)
+    def cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
+        return self.model.stage_cache_spec()  # only this stage's layers
 
     def execute(self, copies: list[PageCopy], step: StepInputs, tag: int) -> dict[str, Any]:
         """This stage's part of one micro-batch; returns its busy seconds (and, on the last stage, the prompt

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from mlc.config.engine_config import EngineConfig
     from mlc.engine.model_runner import ModelRunner, StepInputs
     from mlc.engine.page_manager import PageCopy
+    from mlc.models.base import CausalLM
 
 
 def _die_with_parent() -> None:
@@ -34,14 +35,15 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="mlc-tp-parent", daemon=True).start()
 
 
-class Worker:
-    """What rank r holds: its model shard, and its KV-cache shard once the driver has sized the cache."""
+class CacheHolder:
+    """A worker process's KV cache once the driver has sized it, and the runner over it (`cache_spec` says which
+    of the model's KV groups it holds)."""
 
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
-        from mlc.models.loader import load_model
+    model: CausalLM
+    _runner: ModelRunner | None = None
 
-        self.model = load_model(config.model, device, config.dtype, config.weight_dtype, verify=False)
-        self._runner: ModelRunner | None = None
+    def cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
+        return self.model.kv_cache_spec()
 
     @property
     def runner(self) -> ModelRunner:
@@ -54,8 +56,17 @@ class Worker:
         from mlc.engine.model_runner import ModelRunner
 
         dtype = kv_dtype(kv_cache_dtype, self.model.dtype)
-        cache = KVCache(self.model.kv_cache_spec(), num_pages, page_size, dtype, self.model.device)
+        cache = KVCache(self.cache_spec(), num_pages, page_size, dtype, self.model.device)
         self._runner = ModelRunner(self.model, cache)
+
+
+class Worker(CacheHolder):
+    """What rank r holds: its model shard, and its KV-cache shard once the driver has sized the cache."""
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        from mlc.models.loader import load_model
+
+        self.model = load_model(config.model, device, config.dtype, config.weight_dtype, verify=False)
 
     def execute(self, step: StepInputs) -> None:
         self.runner.execute(step)
