@@ -58,7 +58,70 @@ inline __m512 load16<c10::Half>(const c10::Half* p) {
 #else
 #define MLC_AVX512 0
 #endif
-#define MLC_VEC MLC_AVX512
+
+#if MLC_AVX512
+// Visit the context's rows in order, page by page (no division a row): f(j, row index in the cache).
+template <typename F>
+inline void each_slot(const int64_t* table, int64_t page_size, int64_t L, F f) {
+  for (int64_t j0 = 0, p = 0; j0 < L; j0 += page_size, ++p) {
+    const int64_t base = table[p] * page_size, n = std::min(page_size, L - j0);
+    for (int64_t j = 0; j < n; ++j) f(j0 + j, base + j);
+  }
+}
+
+// One (sequence, KV head): its G query heads' scores, softmax and weighted values, four heads a pass with their sums
+// in registers. Every score and every output element is the same chain of operations as the scalar loop's vector
+// twin had (fma over D in 16-lane steps then one lane reduction; fma over the rows in order), so the bits do not
+// depend on how heads are grouped.
+template <typename T>
+void job_avx512(const float* qf, const T* kp, const T* vp, const int64_t* table, int64_t page_size, int64_t KV,
+                int64_t h, int64_t G, int64_t D, int64_t Dv, int64_t L, float scale, float* scores, float* acc,
+                float* total) {
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    each_slot(table, page_size, L, [&](int64_t j, int64_t slot) {
+      const T* krow = kp + (slot * KV + h) * D;
+      __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (int64_t i = 0; i < D; i += 16) {
+        const __m512 kv = load16(krow + i);
+        for (int64_t g = 0; g < gn; ++g) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + (g0 + g) * D + i), kv, a[g]);
+      }
+      for (int64_t g = 0; g < gn; ++g) scores[(g0 + g) * L + j] = _mm512_reduce_add_ps(a[g]) * scale;
+    });
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = scores + g * L;
+    __m512 mv = _mm512_set1_ps(s[0]);
+    int64_t j = 0;
+    for (; j + 16 <= L; j += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + j));
+    float m = _mm512_reduce_max_ps(mv);  // max is exact: the same value in any order
+    for (; j < L; ++j) m = std::max(m, s[j]);
+    j = 0;
+    for (; j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, mlc::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+    for (; j < L; ++j) s[j] = mlc::exp_nonpositive(s[j] - m);
+    total[g] = mlc::lane_sum(s, L);
+  }
+  for (int64_t g0 = 0; g0 < G; g0 += 4) {
+    const int64_t gn = std::min<int64_t>(4, G - g0);
+    for (int64_t i0 = 0; i0 < Dv; i0 += 64) {
+      const int64_t cn = std::min<int64_t>(4, (Dv - i0) / 16);
+      __m512 a[4][4];
+      for (auto& row : a)
+        for (auto& x : row) x = _mm512_setzero_ps();
+      each_slot(table, page_size, L, [&](int64_t j, int64_t slot) {
+        const T* vrow = vp + (slot * KV + h) * Dv + i0;
+        for (int64_t c = 0; c < cn; ++c) {
+          const __m512 vv = load16(vrow + 16 * c);
+          for (int64_t g = 0; g < gn; ++g)
+            a[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(scores[(g0 + g) * L + j]), vv, a[g][c]);
+        }
+      });
+      for (int64_t g = 0; g < gn; ++g)
+        for (int64_t c = 0; c < cn; ++c) _mm512_storeu_ps(acc + (g0 + g) * Dv + i0 + 16 * c, a[g][c]);
+    }
+  }
+}
+#endif
 
 template <typename T>
 void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages,
@@ -80,61 +143,45 @@ void decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
     std::vector<float> scores, qf(G * D), acc(G * Dv), total(G);
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / KV, h = job % KV, L = cp[b];
-      scores.assign(G * L, 0.f);
+      scores.resize(G * L);
       for (int64_t g = 0; g < G; ++g) {
         const T* qrow = qp + (b * H + h * G + g) * D;
         for (int64_t i = 0; i < D; ++i) qf[g * D + i] = static_cast<float>(qrow[i]);
       }
       const int64_t* table = pp + b * P;
-      const bool vec = MLC_VEC && D % 16 == 0 && Dv % 16 == 0;
-      for (int64_t j = 0; j < L; ++j) {
-        const int64_t slot = table[j / page_size] * page_size + j % page_size;
-        const T* krow = kp + (slot * KV + h) * D;
 #if MLC_AVX512
-        if (vec) {
-          for (int64_t g = 0; g < G; ++g) {
-            __m512 a = _mm512_setzero_ps();
-            for (int64_t i = 0; i < D; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(&qf[g * D + i]), load16(krow + i), a);
-            scores[g * L + j] = _mm512_reduce_add_ps(a) * static_cast<float>(scale);
-          }
-          continue;
-        }
+      if (D % 16 == 0 && Dv % 16 == 0) {
+        job_avx512(qf.data(), kp, vp, table, page_size, KV, h, G, D, Dv, L, static_cast<float>(scale), scores.data(),
+                   acc.data(), total.data());
+      } else
 #endif
-        for (int64_t g = 0; g < G; ++g) scores[g * L + j] = dot(&qf[g * D], krow, D) * static_cast<float>(scale);
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        float* s = &scores[g * L];
-        float m = s[0];
-        for (int64_t j = 1; j < L; ++j) m = std::max(m, s[j]);
-        int64_t j = 0;
-#if MLC_AVX512
-        for (; j + 16 <= L; j += 16) {
-          _mm512_storeu_ps(s + j, mlc::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+      {
+        for (int64_t j = 0; j < L; ++j) {
+          const int64_t slot = table[j / page_size] * page_size + j % page_size;
+          const T* krow = kp + (slot * KV + h) * D;
+          for (int64_t g = 0; g < G; ++g) scores[g * L + j] = dot(&qf[g * D], krow, D) * static_cast<float>(scale);
         }
-#endif
-        for (; j < L; ++j) s[j] = mlc::exp_nonpositive(s[j] - m);
-        total[g] = mlc::lane_sum(s, L);
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < L; ++j) {
-        const int64_t slot = table[j / page_size] * page_size + j % page_size;
-        const T* vrow = vp + (slot * KV + h) * Dv;
-#if MLC_AVX512
-        if (vec) {
-          for (int64_t i = 0; i < Dv; i += 16) {
-            const __m512 vv = load16(vrow + i);
-            for (int64_t g = 0; g < G; ++g) {
-              float* a = &acc[g * Dv + i];
-              _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[g * L + j]), vv, _mm512_loadu_ps(a)));
-            }
-          }
-          continue;
-        }
-#endif
         for (int64_t g = 0; g < G; ++g) {
-          const float w = scores[g * L + j];
-          float* a = &acc[g * Dv];
-          for (int64_t i = 0; i < Dv; ++i) a[i] += w * static_cast<float>(vrow[i]);
+          float* s = &scores[g * L];
+          float m = s[0];
+          for (int64_t j = 1; j < L; ++j) m = std::max(m, s[j]);
+          int64_t j = 0;
+#if MLC_AVX512
+          for (; j + 16 <= L; j += 16)
+            _mm512_storeu_ps(s + j, mlc::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(m))));
+#endif
+          for (; j < L; ++j) s[j] = mlc::exp_nonpositive(s[j] - m);
+          total[g] = mlc::lane_sum(s, L);
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < L; ++j) {
+          const int64_t slot = table[j / page_size] * page_size + j % page_size;
+          const T* vrow = vp + (slot * KV + h) * Dv;
+          for (int64_t g = 0; g < G; ++g) {
+            const float w = scores[g * L + j];
+            float* a = &acc[g * Dv];
+            for (int64_t i = 0; i < Dv; ++i) a[i] += w * static_cast<float>(vrow[i]);
+          }
         }
       }
       for (int64_t g = 0; g < G; ++g) {
