@@ -14,8 +14,10 @@ from mlc.engine.kv_cache import KVCache
 from mlc.engine.memory import (
     AUTO_MAX_BATCH,
     AUTO_TOKENS_PER_SEQ,
+    CPU_SEQS_PER_CORE,
     cgroup_memory_left,
     check_budget_fits,
+    cpu_auto_batch,
     cpu_auto_pages,
     plan_cache,
 )
@@ -63,11 +65,16 @@ def test_free_memory_is_bounded_by_the_cgroup(monkeypatch):
 def test_a_cpu_default_budget_stops_at_what_an_automatic_batch_can_use(monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda device: 20 * GiB)
     per_token, page = 23040, 16 * 23040  # the default model's bf16 K and V: 30 layers x 2 x 3 heads x 64 x 2 bytes
+    monkeypatch.setattr(memory, "usable_cores", lambda: 2)
     cap = cpu_auto_pages(16, 8192)
-    assert cap == AUTO_MAX_BATCH * AUTO_TOKENS_PER_SEQ // 16 + 8192 // 16 + 1
+    assert cpu_auto_batch() == 2 * CPU_SEQS_PER_CORE == 64
+    assert cap == 64 * AUTO_TOKENS_PER_SEQ // 16 + 8192 // 16 + 1
     plan = plan_cache(per_token, 16, None, 0.9, torch.device("cpu"), None, 8192)
-    assert plan.num_pages == cap and plan.capped_by_need and plan.max_batch_size == AUTO_MAX_BATCH
-    assert plan.total_bytes < 3.3e9  # not 90% of 20 GiB, touched bit by bit over hours
+    # 64 sequences, and 16 more in the full context's room
+    assert plan.num_pages == cap and plan.capped_by_need and plan.max_batch_size == 80
+    assert plan.total_bytes < 1.0e9  # not 90% of 20 GiB, touched bit by bit over hours
+    monkeypatch.setattr(memory, "usable_cores", lambda: 64)  # a big host: at most AUTO_MAX_BATCH sequences
+    assert cpu_auto_batch() == AUTO_MAX_BATCH
     fixed = plan_cache(per_token, 16, None, 0.9, torch.device("cpu"), 2, 1024)  # an explicit batch: as before
     assert fixed.num_pages == 2 * 64 + 1
     meta = plan_cache(per_token, 16, None, 0.9, torch.device("meta"), None, 8192)  # other devices: no CPU cap

@@ -153,7 +153,10 @@ def _plot(series: dict[str, list[tuple[float, float]]], path: Path, title: str, 
         mine = label.startswith("mlc")
         ax.plot(xs, ys, marker="o" if mine else "s", ls="-" if mine else "--", color=colour, label=label)
     ax.set_xscale("log")
-    sizes = sorted({x for points in series.values() for x, _ in points})
+    sizes: list[float] = []
+    for x in sorted({x for points in series.values() for x, _ in points}):
+        if not sizes or x > sizes[-1] * 1.15:  # 3.2B beside 3.3B: one label, not two printed over each other
+            sizes.append(x)
     ax.set_xticks(sizes, [f"{x:.2g}" for x in sizes])
     ax.minorticks_off()
     return _finish(plt, fig, ax, path, title, "parameters read per token (billions, log scale)", ylabel)
