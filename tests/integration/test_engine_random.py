@@ -52,3 +52,39 @@ def test_random_schedules_wide_sweep(engines):
     totals = sweep(*engines, range(1000, 2000))
     print("random engine schedules (slow sweep):", totals)
     assert totals["schedules"] == 1000
+
+
+@pytest.fixture(scope="module")
+def mtp_engines(tmp_path_factory):
+    """A tiny GLM-4.5 whose MTP layer repeats its last layer (drafts often accepted), and a reference engine that
+    runs each request alone without drafting."""
+    from transformers import Glm4MoeForCausalLM
+
+    from tests.numerics.test_decode_parity import build_checkpoint
+    from tests.support.tiny_mtp import add_mtp_layer
+
+    path = build_checkpoint("glm4_moe", tmp_path_factory.mktemp("random-mtp"))
+    add_mtp_layer(Glm4MoeForCausalLM.from_pretrained(path, dtype=torch.float32), path, copy_last_layer=True)
+    base = LLMEngine(EngineConfig(model=str(path), speculative_config={"method": "mtp"}), kv_cache_memory="4MiB")
+    reference = LLMEngine(base.config, model=base.model, tokenizer=base.tokenizer, speculative_config=None,
+                          max_batch_size=8, enable_prefix_caching=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield base, reference
+    torch.set_num_threads(threads)
+
+
+def test_random_schedules_with_mtp_drafts_keep_every_invariant(mtp_engines):
+    """Preemption, prefix caching (a hit gives back its last page), chunked prefill, aborts, n, stops, logprobs and
+    predictions, with the model's MTP layer drafting: every request is what it is alone without drafting."""
+    totals = sweep(*mtp_engines, range(40), mtp=True)
+    print("random engine schedules with MTP:", totals)
+    assert totals["schedules"] == 40 and totals["compared_alone"] > 40
+    assert totals["preemptions"] > 0 and totals["drafts_accepted"] > 0
+
+
+@pytest.mark.slow
+def test_random_schedules_with_mtp_drafts_wide_sweep(mtp_engines):
+    totals = sweep(*mtp_engines, range(1000, 1300), mtp=True)
+    print("random engine schedules with MTP (slow sweep):", totals)
+    assert totals["schedules"] == 300

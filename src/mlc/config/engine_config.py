@@ -42,14 +42,16 @@ class SparseKVConfig(BaseModel):
 class SpeculativeConfig(BaseModel):
     """Speculative decoding (`mlc/engine/speculative.py`), vLLM's `--speculative-config` keys.
 
-    Each decoding sequence proposes up to `num_speculative_tokens` tokens that follow the latest earlier occurrence
-    of its last n tokens (n from `prompt_lookup_max` down to `prompt_lookup_min`) in its prompt and output; one step
-    verifies them, each as its own decode row, so the output is the one plain decoding gives (greedy: the same
-    tokens; sampling: the same distribution). A request opts out with `SamplingParams(speculative=False)`."""
+    `ngram`: each decoding sequence proposes up to `num_speculative_tokens` tokens that follow the latest earlier
+    occurrence of its last n tokens (n from `prompt_lookup_max` down to `prompt_lookup_min`) in its prompt and
+    output. `mtp`: GLM-4.5/4.6/4.7's and GLM-5's own multi-token-prediction layer proposes one token from the
+    trunk's last hidden state (`mlc/models/mtp.py`). One step verifies the drafts, each as its own decode row, so
+    the output is the one plain decoding gives (greedy: the same tokens; sampling: the same distribution). A
+    request opts out with `SamplingParams(speculative=False)`."""
 
     model_config = ConfigDict(extra="forbid")
-    method: Literal["ngram"] = "ngram"  # prompt lookup; draft_model and mtp are not built yet
-    num_speculative_tokens: int = Field(3, ge=1, le=16)  # from `bench spec`'s verify-cost curve (BENCHMARKS.md)
+    method: Literal["ngram", "mtp"] = "ngram"  # prompt lookup, or the checkpoint's MTP layer; draft_model not yet
+    num_speculative_tokens: int = Field(3, ge=1, le=16)  # ngram: from `bench spec`'s verify-cost curve; mtp: 1
     prompt_lookup_min: int = Field(2, ge=1, le=8)
     prompt_lookup_max: int = Field(4, ge=1, le=8)
     disable_by_batch_size: int | None = Field(8, ge=1)  # no drafting while more sequences than this run
@@ -57,8 +59,15 @@ class SpeculativeConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _method(cls, v):
-        if isinstance(v, dict) and v.get("method") in ("draft_model", "mtp", "eagle", "eagle3", "medusa"):
-            raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup)")
+        if isinstance(v, dict) and v.get("method") in ("draft_model", "eagle", "eagle3", "medusa"):
+            raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup) "
+                             "or \"mtp\" (a GLM checkpoint's own MTP layer)")
+        if isinstance(v, dict) and v.get("method") == "mtp":
+            k = v.get("num_speculative_tokens", 1)
+            if k != 1:
+                raise ValueError(f"method \"mtp\" drafts one token per step from the checkpoint's one MTP layer; "
+                                 f"num_speculative_tokens {k} is not built yet: set it to 1 or leave it out")
+            v = {**v, "num_speculative_tokens": 1}
         return v
 
     @model_validator(mode="after")
@@ -125,6 +134,10 @@ class EngineConfig(BaseModel):
             raise ValueError("speculative_config and sparse_kv cannot be used together yet; drop one of them")
         if self.pipeline_parallel_size > 1:
             pipeline_conflicts(self)
+        spec = self.speculative_config
+        if spec is not None and spec.method == "mtp" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("speculative method \"mtp\" runs in one process for now; drop tensor_parallel_size / "
+                             "pipeline_parallel_size, or use {\"method\": \"ngram\"}")
         return self
 
 

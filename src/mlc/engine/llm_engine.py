@@ -81,10 +81,15 @@ class LLMEngine(PDMixin):
             self.tp_group.shutdown()
 
     def _build(self, config: EngineConfig, model: CausalLM | None, tokenizer: PreTrainedTokenizerBase | None) -> None:
+        mtp = config.speculative_config is not None and config.speculative_config.method == "mtp"
         if model is None:
             from mlc.models.loader import load_model
 
-            model = load_model(config.model, config.device, config.dtype, config.weight_dtype, verify=config.verify)
+            model = load_model(config.model, config.device, config.dtype, config.weight_dtype, verify=config.verify,
+                               mtp=mtp)
+        elif mtp and model.mtp is None:
+            raise ConfigError('speculative method "mtp" needs the model loaded with its MTP layer '
+                              "(load_model(..., mtp=True))")
         if tokenizer is None:
             from mlc.models.tokenizer import load_tokenizer
 
@@ -100,6 +105,7 @@ class LLMEngine(PDMixin):
         self.kv_cache = KVCache(model.stage_cache_spec(), self.cache_plan.num_pages, config.page_size, cache_dtype,
                                 model.device)
         self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
+        self.page_manager.spare_last_hit = mtp  # models/mtp.py: why a hit gives back a page
         if self.tp_group is not None:  # every rank holds the same pages of its own heads (or its stage's layers)
             self.tp_group.run("init_cache", lambda *a: None, self.cache_plan.num_pages, config.page_size,
                               config.kv_cache_dtype)
@@ -114,6 +120,7 @@ class LLMEngine(PDMixin):
                 self.runner = TPModelRunner(model, self.kv_cache, self.tp_group)
         else:
             self.runner = ModelRunner(model, self.kv_cache)
+        self.runner.keep_hidden = mtp  # the MTP layer drafts from the step's hidden states (models/mtp.py)
         sparse = config.sparse_kv
         self.sparse = SparseKV(sparse, self.page_manager, self.runner) if sparse and sparse.ratio < 1 else None
         self.eos_ids = eos_token_ids(model, tokenizer)
@@ -313,10 +320,13 @@ class LLMEngine(PDMixin):
         self.scheduler.compact()
         touched: dict[str, Request] = {}
         failed = dict(step.failed)
+        accepted: dict[int, int] = {}
         if sampled:
             self._sample(step.logits, sampled, rows, now, touched, failed)
-            self._verify(step.logits, [(s, first_row[s.seq_id], drafts[s.seq_id]) for s in sampled
-                                       if drafts.get(s.seq_id)], now, touched, failed)
+            accepted = self._verify(step.logits, [(s, first_row[s.seq_id], drafts[s.seq_id]) for s in sampled
+                                                  if drafts.get(s.seq_id)], now, touched, failed)
+        if step.hidden is not None:  # the model's MTP layer drafts (models/mtp.py)
+            self.speculator.mtp_pass(self.runner, step, set(drafts), accepted, failed, len(self.scheduler.running))
         outputs = self.outputs.step_outputs(list(touched.values()), now)
         for rid, error in failed.items():  # culprits found by running them alone; the step itself went on
             outputs += self.recovery.fail(error, [rid], self.abort)
@@ -336,7 +346,7 @@ class LLMEngine(PDMixin):
                 self.scheduler.finish(seq, FinishReason.STOP)  # a stop string in its text
 
     def _verify(self, logits: torch.Tensor, verifying: list[tuple[Sequence, int, int]], now: float,
-                touched: dict[str, Request], failed: dict[str, Exception]) -> None:
+                touched: dict[str, Request], failed: dict[str, Exception]) -> dict[int, int]:
         """Speculative rounds (`engine/speculative.py`): a sequence whose token from row j equals its draft j
         samples row j+1 next; the rounds end where every sequence has missed, finished or used its drafts."""
         accepted = {seq.seq_id: 0 for seq, _, _ in verifying}
@@ -354,6 +364,7 @@ class LLMEngine(PDMixin):
         for seq, _, d in verifying:
             self.speculator.record(seq, d, accepted[seq.seq_id])
             self.scheduler.accept(seq, accepted[seq.seq_id])
+        return accepted
 
     def _fork(self, req: Request, parent: Sequence) -> list[Sequence]:
         """At the end of the prompt, the request's other samples start sharing the parent's pages."""

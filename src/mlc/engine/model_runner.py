@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from mlc.layers.lora import (
     prepare_adapter,
 )
 from mlc.models.base import CausalLM
+from mlc.models.mtp import mtp_hidden
 
 log = logging.getLogger("mlc.engine")
 
@@ -36,6 +38,19 @@ class StepOutput:
     prompt_logprobs: dict[int, list[float]] = field(default_factory=dict)  # seq_id -> newly scored prompt tokens
     scheduled: list[ScheduledSeq] = field(default_factory=list)  # what ran (run_isolating may drop some)
     failed: dict[str, Exception] = field(default_factory=dict)  # request id -> why it failed alone
+    hidden: torch.Tensor | None = None  # the final hidden states of every row, where the model has an MTP layer
+
+
+@dataclass
+class MtpRows:
+    """One sequence's share of the pass of the MTP layer (models/mtp.py) after a step: the trunk's hidden states
+    at positions `start` .. `start + len(tokens) - 1` (step rows from `row`), each beside the token after it."""
+
+    row: int
+    start: int
+    tokens: list[int]
+    page_table: list[int]
+    draft: bool  # score the last row: the sequence wants the layer's token
 
 
 @dataclass
@@ -60,6 +75,7 @@ class ModelRunner:
         self.kv_cache = kv_cache
         self.device = model.device
         self.parallel = parallel_state()  # the state the model was built under; every call runs under it again
+        self.keep_hidden = False  # StepOutput.hidden: the engine drafts with the model's MTP layer
         if self.device.type == "cpu":  # build (first run on this machine) or load the kernel now, not mid-step
             from mlc.layers.cpu_kernels import kernel_status
 
@@ -97,8 +113,34 @@ class ModelRunner:
         """Logits for each scheduled sequence whose step completes it, and the logprobs of the prompt tokens this
         step scored for sequences that asked for them."""
         with parallel_scope(self.parallel):
-            logits, scored = self.execute(prepare_step(scheduled))
-        return StepOutput(logits, scored, scheduled)
+            step = prepare_step(scheduled)
+            if not self.keep_hidden:
+                return StepOutput(*self.execute(step), scheduled)  # under tensor parallelism, on every rank
+            hidden = self.hidden_states(step)  # the MTP layer reads them after the step (one process only)
+            logits, scored = self.outputs(step, hidden)
+        return StepOutput(logits, scored, scheduled, hidden=hidden)
+
+    @torch.inference_mode()
+    def run_mtp(self, hidden: torch.Tensor, jobs: list[MtpRows]) -> list[int | None]:
+        """The MTP layer over each job's rows, filling its slots of the layer's cache (the last cache layer); the
+        greedy token of each job's last row where it wants a draft (`models/mtp.py`)."""
+        if not jobs:
+            return []
+        dev = self.device
+        rows = torch.cat([torch.arange(j.row, j.row + len(j.tokens)) for j in jobs]).to(dev)
+        ids = torch.tensor([t for j in jobs for t in j.tokens], dtype=torch.long, device=dev)
+        pos = torch.tensor([p for j in jobs for p in range(j.start + 1, j.start + 1 + len(j.tokens))], device=dev)
+        meta = build_attention_metadata([len(j.tokens) for j in jobs], [j.start + len(j.tokens) for j in jobs],
+                                        [j.page_table for j in jobs], self.kv_cache.page_size, dev)
+        with parallel_scope(self.parallel):
+            out = mtp_hidden(self.model, ids, pos, hidden[rows], meta, self.kv_cache.layers[-1])
+            ends = list(itertools.accumulate(len(j.tokens) for j in jobs))
+            want = [i for i, j in enumerate(jobs) if j.draft]
+            tokens = self.model.compute_logits(out[[ends[i] - 1 for i in want]]).argmax(-1).tolist() if want else []
+        drafts: list[int | None] = [None] * len(jobs)
+        for i, t in zip(want, tokens):
+            drafts[i] = t
+        return drafts
 
     def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None,
                        prepared: PreparedAdapter | None = None) -> LoRAAdapter:

@@ -42,6 +42,7 @@ class PageManager:
         self.hash_to_page: dict[int, int] = {}
         self.prefix_queries = 0  # full prompt pages looked up
         self.prefix_hits = 0  # of which found in the cache
+        self.spare_last_hit = False  # a hit gives back its last page (the model has an MTP layer: models/mtp.py)
 
     @property
     def usable_pages(self) -> int:
@@ -79,7 +80,8 @@ class PageManager:
     def match_prefix(self, seq: Sequence) -> int:
         """Attach cached pages for the longest cached prefix of a sequence that holds no pages yet.
 
-        At least the last page's worth of tokens is always recomputed, so a cached page is never written again.
+        At least the last page's worth of tokens is always recomputed, so a cached page is never written again;
+        with `spare_last_hit` (a model with an MTP layer, models/mtp.py) the last page found is recomputed too.
         Returns the number of tokens served from the cache.
         """
         if not self.enable_prefix_caching or seq.page_table or seq.params.prompt_logprobs:
@@ -87,7 +89,7 @@ class PageManager:
         tokens = seq.all_ids
         usable = (len(tokens) - 1) // self.page_size
         parent = None
-        hashes: list[int] = []
+        found: list[tuple[int, int]] = []  # (page, hash)
         for i in range(usable):
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
             h = page_hash(parent, chunk, seq.adapter_key or seq.adapter_id)
@@ -97,10 +99,15 @@ class PageManager:
                 self.prefix_queries += usable - i - 1
                 break
             self.prefix_hits += 1
+            found.append((page, h))
+            parent = h
+        if self.spare_last_hit and found:  # the last page's last MTP slot depends on the token after it
+            found.pop()
+            self.prefix_hits -= 1
+        hashes = [h for _, h in found]
+        for page, _ in found:
             self._retain(page)
             seq.page_table.append(page)
-            hashes.append(h)
-            parent = h
         seq.page_hashes = hashes
         hit = len(hashes) * self.page_size
         seq.num_cached = seq.num_cache_entries = hit

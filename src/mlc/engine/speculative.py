@@ -1,5 +1,7 @@
-"""Speculative decoding by prompt lookup: propose the tokens that followed the last occurrence of a sequence's
-latest n tokens, and keep the statistics of what verification accepted.
+"""Speculative decoding: propose drafts, by prompt lookup (the tokens that followed the last occurrence of a
+sequence's latest n tokens) or from the model's own multi-token-prediction layer (`mtp`: the engine runs that layer
+after each step, `LLMEngine._mtp_pass`, and leaves its token in `DraftState.mtp_next`), and keep the statistics of
+what verification accepted.
 
 The drafter only proposes. The scheduler gives a sequence's drafts room in the step (`ScheduledSeq.num_draft`),
 the model runner runs each draft as a decode row of its own (`model_runner.prepare_step`: the same page table, one
@@ -25,9 +27,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mlc.config.engine_config import SpeculativeConfig
+from mlc.engine.model_runner import ModelRunner, MtpRows, StepOutput
 
 if TYPE_CHECKING:
-    from mlc.engine.sequence import Sequence
+    from mlc.engine.sequence import ScheduledSeq, Sequence
 
 MAX_POSITIONS = 16  # SpeculativeConfig.num_speculative_tokens' bound
 MAX_COOLDOWN = 32
@@ -95,11 +98,12 @@ class NgramIndex:
 class DraftState:
     """A sequence's own drafting state (`Sequence.drafter`)."""
 
-    index: NgramIndex
+    index: NgramIndex | None  # None: drafts come from the MTP layer
     prediction: NgramIndex | None = None
     limit: int = 0  # drafts to propose next time
     misses: int = 0  # proposals in a row of which nothing was accepted
     cooldown: int = 0  # steps left before the next proposal
+    mtp_next: int | None = None  # the MTP layer's token for the step after the next (unused yet)
 
 
 @dataclass
@@ -134,13 +138,67 @@ class Speculator:
         self.enabled = config is not None
         self.predictions = predictions
         self.config = config or SpeculativeConfig()
+        self.mtp = self.enabled and self.config.method == "mtp"
         self.stats = SpecStats()
+
+    def crowded(self, batch: int) -> bool:
+        limit = self.config.disable_by_batch_size
+        return limit is not None and batch > limit
+
+    def wants_mtp(self, seq: Sequence) -> bool:
+        """The MTP layer's token is worth its head's cost for `seq`: it may draft next step."""
+        state = seq.drafter
+        cooling = isinstance(state, DraftState) and (state.cooldown or state.index is not None)
+        return self.mtp and seq.params.speculative and state is not OFF and not cooling
+
+    def mtp_pass(self, runner: ModelRunner, step: StepOutput, completed: set[int], accepted: dict[int, int],
+                 failed: dict[str, Exception], running: int) -> None:
+        """The MTP layer (models/mtp.py) over what the step kept of each sequence: its cache slots filled, and its
+        token for the step after the next left for `propose`. Drafts are only proposals, so a failure here costs
+        speed, never a request."""
+        assert step.hidden is not None
+        seqs, jobs = self._mtp_jobs(step.scheduled, completed, accepted, failed, running)
+        start = time.perf_counter()
+        try:
+            drafts = runner.run_mtp(step.hidden, jobs)
+        except Exception as e:
+            log.warning("the MTP layer failed (%s: %s); this step proposes no drafts", type(e).__name__, e)
+            drafts = [None] * len(jobs)
+        for seq, job, token in zip(seqs, jobs, drafts):
+            if job.draft:
+                self.start(seq).mtp_next = token
+            elif isinstance(seq.drafter, DraftState):
+                seq.drafter.mtp_next = None  # never a token left from an earlier position
+        self.stats.draft_time_s += time.perf_counter() - start
+
+    def _mtp_jobs(self, scheduled: list[ScheduledSeq], completed: set[int], accepted: dict[int, int],
+                  failed: dict[str, Exception], running: int) -> tuple[list[Sequence], list[MtpRows]]:
+        """What the MTP layer computes after a step (models/mtp.py): for each sequence that ran and goes on, the
+        positions the step kept (a prompt chunk, or the next token and its accepted drafts), each with the token
+        after it; the last row is scored where the sequence completed its step and may draft next."""
+        seqs: list[Sequence] = []
+        jobs: list[MtpRows] = []
+        drafting = not self.crowded(running)
+        row = 0
+        for item in scheduled:
+            seq, first = item.seq, row
+            row += item.num_tokens
+            if seq.is_finished or seq.request_id in failed:
+                continue
+            kept = 1 + accepted.get(seq.seq_id, 0) if item.num_draft else item.num_tokens
+            start = seq.num_cache_entries - kept
+            tokens = Joined(seq.prompt_ids, seq.output_ids)[start + 1 : start + 1 + kept]
+            if len(tokens) < kept:
+                continue
+            want = drafting and seq.seq_id in completed and self.wants_mtp(seq)
+            seqs.append(seq)
+            jobs.append(MtpRows(first, start, tokens, seq.page_table, want))
+        return seqs, jobs
 
     def propose(self, running: list[Sequence]) -> None:
         """Set `draft_ids` of each running sequence whose next step is a decode (empty: none)."""
         start = time.perf_counter()
-        limit = self.config.disable_by_batch_size
-        crowded = limit is not None and len(running) > limit
+        crowded = self.crowded(len(running))
         for seq in running:
             try:
                 seq.draft_ids = [] if crowded else self._draft(seq)
@@ -155,7 +213,7 @@ class Speculator:
         wanted = p.speculative and (self.enabled or bool(p.prediction) and self.predictions)
         if not wanted or seq.drafter is OFF or seq.num_uncomputed != 1 or not seq.output_ids:
             return []
-        state = seq.drafter if isinstance(seq.drafter, DraftState) else self._start(seq)
+        state = self.start(seq)
         if state.cooldown:
             state.cooldown -= 1
             return []
@@ -163,17 +221,29 @@ class Speculator:
         k = min(state.limit, room)
         if k <= 0:
             return []
+        if state.index is None:  # MTP: the token its layer left after the last step
+            draft, state.mtp_next = ([] if state.mtp_next is None else [state.mtp_next]), None
+            return self._allowed(seq, draft)
         tokens = Joined(seq.prompt_ids, seq.output_ids)
         state.index.extend(tokens)
         draft = state.prediction.continuation(tokens, p.prediction, k) if state.prediction and p.prediction else []
-        draft = draft or state.index.continuation(tokens, tokens, k)
+        return self._allowed(seq, draft or state.index.continuation(tokens, tokens, k))
+
+    @staticmethod
+    def _allowed(seq: Sequence, draft: list[int]) -> list[int]:
         if draft and seq.matcher is not None and not seq.matcher.is_stopped():
             draft = draft[: seq.matcher.validate_tokens(draft)]  # never propose what the grammar forbids
         return draft
 
+    def start(self, seq: Sequence) -> DraftState:
+        """The sequence's drafting state (made at its first use)."""
+        return seq.drafter if isinstance(seq.drafter, DraftState) else self._start(seq)
+
     def _start(self, seq: Sequence) -> DraftState:
         c = self.config
-        state = DraftState(NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max), limit=c.num_speculative_tokens)
+        lookup = not self.mtp or bool(seq.params.prediction)  # a request's prediction is drafted from as before
+        index = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max) if lookup else None
+        state = DraftState(index, limit=c.num_speculative_tokens)
         if seq.params.prediction:
             state.prediction = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max)
             state.prediction.extend(seq.params.prediction)
@@ -199,7 +269,9 @@ class Speculator:
             return
         if accepted == 0:
             state.misses += 1
-            state.cooldown = min(1 << (state.misses - 1), MAX_COOLDOWN)
+            # an MTP layer is right most of the time: one miss is no reason to stop asking it
+            cooling = state.misses - (state.index is None)
+            state.cooldown = min(1 << (cooling - 1), MAX_COOLDOWN) if cooling > 0 else 0
             return
         state.misses = 0
         full = self.config.num_speculative_tokens

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlc.distributed.state import gather_from_tp, reduce_from_tp, tp_rank, tp_size
-from mlc.errors import ModelFormatError
+from mlc.errors import ConfigError, ModelFormatError
 from mlc.layers.attention import AttentionMetadata, build_attention_metadata
 from mlc.layers.kv_store import LayerCache
 from mlc.layers.linear import MergedLinear, split_evenly
@@ -80,6 +80,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = hf_config
         self.decode_plans: list | None = None  # fused decode layers (models/fused_decode.py), built at first use
+        self.mtp: nn.Module | None = None  # the multi-token-prediction layer, where `add_mtp` built it (models/mtp.py)
 
     def modules_changed(self) -> None:
         """A projection was wrapped (a LoRA adapter): plans made from the old modules are dropped."""
@@ -105,9 +106,26 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def stage_cache_spec(self) -> list[dict[str, tuple[int, ...]]]:
-        """`kv_cache_spec` of the layers this model holds (all of them, or one pipeline stage's)."""
+        """`kv_cache_spec` of the layers this model holds (all of them, or one pipeline stage's); an MTP layer's
+        cache comes last."""
         spec = self.kv_cache_spec()
-        return spec if self.stage_layers is None else spec[self.stage_layers[0] : self.stage_layers[1]]
+        if self.stage_layers is not None:
+            return spec[self.stage_layers[0] : self.stage_layers[1]]
+        return spec + [self.mtp_cache_spec()] if self.mtp is not None else spec
+
+    def add_mtp(self) -> None:
+        """Build the checkpoint's multi-token-prediction layer (models/mtp.py), for speculative method "mtp"."""
+        raise ConfigError(f"{self.config.model_type} models have no multi-token-prediction (MTP) layer; use "
+                          'speculative method "ngram"')
+
+    def mtp_cache_spec(self) -> dict[str, tuple[int, ...]]:
+        return self.kv_cache_spec()[0]
+
+    def run_mtp_block(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None,
+                      meta: AttentionMetadata) -> torch.Tensor:
+        """The MTP layer's decoder block, called the way this model calls its own layers."""
+        assert self.mtp is not None
+        return self.mtp(x, cos, sin, cache, meta)
 
     @property
     def device(self) -> torch.device:

@@ -1,6 +1,7 @@
 """GLM-4.5 / 4.5-Air / 4.6 / 4.7 (glm4_moe): GQA attention with optional per-head q/k RMSNorm before half-split
 partial RoPE (convention A, unlike glm's interleaving) and an unbiased o_proj; dense SwiGLU layers below
-`first_k_dense_replace`, DeepSeek-V3-style MoE above. The checkpoints' MTP layer (`model.layers.{N}`) is skipped."""
+`first_k_dense_replace`, DeepSeek-V3-style MoE above. The checkpoints' MTP layer (`model.layers.{N}`) is loaded
+only for speculative decoding (`add_mtp`, models/mtp.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mlc.layers.norm import RMSNorm
 from mlc.layers.rotary import apply_rope_neox
 from mlc.models.fused_decode import Fusable
 from mlc.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from mlc.models.mtp import attach_mtp, mtp_weight_target
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -49,10 +51,17 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
     layer_cls = Glm4MoeDecoderLayer
     fusable = Fusable(Glm4MoeDecoderLayer, Glm4MoeAttention, interleaved=False, sandwich=False, own_rotary=True)
 
+    def add_mtp(self) -> None:
+        attach_mtp(self, self.layer_cls(self.config, self.config.num_hidden_layers))
+
     def map_weight_name(self, name):
         layer = _LAYER.match(name)
-        if layer and int(layer[1]) >= self.config.num_hidden_layers:
-            return None  # multi-token-prediction layers: only speculative decoding uses them
+        if layer and int(layer[1]) >= self.config.num_hidden_layers:  # the MTP layer: speculative decoding only
+            return mtp_weight_target(self, name, self._map_layer_name)
+        return self._map_layer_name(name)
+
+    def _map_layer_name(self, name):
+        layer = _LAYER.match(name)
         if layer and int(layer[1]) >= self.config.first_k_dense_replace and ".mlp." in name:
             target = map_moe_weight_name(name, self.config.moe_intermediate_size)
             if target is not None:

@@ -1,8 +1,8 @@
 """GLM-5 (`glm_moe_dsa`): MLA attention over a latent paged cache, the DSA top-k indexer, and DeepSeek-V3 MoE.
 
 Layer i runs its own indexer when `indexer_types[i] == "full"`; a "shared" layer reuses the selection of the most
-recent full layer. MLP layers are dense or MoE per `mlp_layer_types`. MTP layers (`model.layers.{N}.*`, N =
-num_hidden_layers) are skipped on load: they never affect the base model's logits.
+recent full layer. MLP layers are dense or MoE per `mlp_layer_types`. The MTP layer (`model.layers.{N}.*`, N =
+num_hidden_layers: a full-indexer MoE layer) is loaded only for speculative decoding (`add_mtp`, models/mtp.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from mlc.layers.rotary import RotaryEmbedding
 from mlc.layers.weight_target import WeightTarget
 from mlc.models.base import CausalLM, DecoderModel, Embedding
 from mlc.models.llama import map_stacked_name
+from mlc.models.mtp import attach_mtp, mtp_weight_target
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -116,10 +117,25 @@ class GlmMoeDsaForCausalLM(CausalLM):
     def kv_cache_spec(self):
         return latent_cache_spec(self.config)
 
+    def add_mtp(self) -> None:
+        attach_mtp(self, GlmMoeDsaDecoderLayer(self.config, "full", "sparse"))
+
+    def mtp_cache_spec(self):
+        c = self.config
+        return {"latent": (c.kv_lora_rank + c.qk_rope_head_dim,), "index_k": (c.index_head_dim,)}
+
+    def run_mtp_block(self, x, cos, sin, cache, meta):
+        block: nn.Module | None = self.mtp
+        assert block is not None
+        return block(x, cos, sin, cache, meta, None)[0]
+
     def map_weight_name(self, name):
-        if "rotary_emb" in name:
-            return None
         if (m := _LAYER.match(name)) and int(m[1]) >= self.config.num_hidden_layers:
+            return mtp_weight_target(self, name, self._map_layer_name)
+        return self._map_layer_name(name)
+
+    def _map_layer_name(self, name):
+        if "rotary_emb" in name:
             return None
         if self.tied and name == "lm_head.weight":
             return WeightTarget("model.embed_tokens.weight")

@@ -65,6 +65,20 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def safetensors_names(files: list[Path]) -> list[str]:
+    """The tensor names of safetensors files (their headers only)."""
+    from safetensors import SafetensorError, safe_open
+
+    names: list[str] = []
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                names += handle.keys()
+        except (SafetensorError, OSError, RuntimeError) as e:
+            raise ModelFormatError(f"{f} is truncated or corrupt ({e}); re-download it") from None
+    return names
+
+
 def iter_safetensors(files: list[Path], device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import SafetensorError, safe_open
 
@@ -79,13 +93,15 @@ def iter_safetensors(files: list[Path], device: str = "cpu") -> Iterator[tuple[s
             ) from None
 
 
-def build_model(hf_config, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def build_model(hf_config, device: torch.device, dtype: torch.dtype, mtp: bool = False) -> CausalLM:
     cls = model_class(hf_config.model_type)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
             model = cls(hf_config)
+            if mtp:
+                model.add_mtp()
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

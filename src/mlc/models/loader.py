@@ -10,11 +10,19 @@ import torch
 
 from mlc.config.device import cpu_has_native_bf16, resolve_device, resolve_dtype
 from mlc.distributed.state import tp_size
+from mlc.errors import ConfigError
 from mlc.layers.quant_linear import QuantizedLinear
 from mlc.models.base import CausalLM
 from mlc.models.compiled import install_quantized_layers, is_compiled, read_compiled_manifest
 from mlc.models.gguf.native import GGUF_WEIGHT_DTYPES
-from mlc.models.hf_checkpoint import build_model, iter_safetensors, read_config, safetensors_files
+from mlc.models.hf_checkpoint import (
+    build_model,
+    iter_safetensors,
+    model_class,
+    read_config,
+    safetensors_files,
+    safetensors_names,
+)
 
 
 def _load_compiled(net: CausalLM, model_dir: Path, weight_dtype: str) -> str:
@@ -100,11 +108,32 @@ def describe_weights(net: CausalLM) -> str:
     return getattr(net, "weight_info", None) or f"{str(net.dtype).removeprefix('torch.')} (checkpoint precision)"
 
 
+def check_mtp_checkpoint(model_dir: Path, cfg, packed: bool) -> None:
+    """The checkpoint holds the MTP layer that speculative method "mtp" drafts with, or a clear error says so."""
+    from mlc.models.mtp import has_mtp_weights, mtp_layers_of
+
+    fix = 'use {"method": "ngram"} (prompt lookup) for this model'
+    if model_class(cfg.model_type).add_mtp is CausalLM.add_mtp:
+        raise ConfigError(f"{model_dir.name}: {cfg.model_type} models have no multi-token-prediction (MTP) layer "
+                          f"(GLM-4.5/4.6/4.7 and GLM-5 checkpoints do); {fix}")
+    if packed:
+        raise ConfigError(f"{model_dir.name}: speculative method \"mtp\" reads the MTP layer from a safetensors "
+                          f"checkpoint; GGUF and compiled models do not load it yet; {fix}")
+    if not mtp_layers_of(cfg):
+        raise ConfigError(f"{model_dir.name} has no multi-token-prediction layer (config.json declares no "
+                          f"num_nextn_predict_layers); {fix}")
+    if not has_mtp_weights(set(safetensors_names(safetensors_files(model_dir))), cfg):
+        raise ConfigError(f"{model_dir.name}: config.json declares an MTP layer but the safetensors hold no "
+                          f"model.layers.{cfg.num_hidden_layers}.eh_proj.weight (a download without the MTP "
+                          f"layer?); {fix}")
+
+
 def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None,
-               weight_dtype: str = "auto", verify: bool = False) -> CausalLM:
+               weight_dtype: str = "auto", verify: bool = False, mtp: bool = False) -> CausalLM:
     """Resolve a store name, checkpoint dir or .gguf file, check a store model's files against its manifest
     (sampled hashes; every byte with `verify`), build its architecture and load its weights
-    (then quantize them to `weight_dtype`, see mlc.layers.quant)."""
+    (then quantize them to `weight_dtype`, see mlc.layers.quant). `mtp`: its multi-token-prediction layer too
+    (models/mtp.py), for speculative decoding."""
     from mlc.models.store import resolve_model_dir
     from mlc.models.store.verifying import check_at_load
 
@@ -122,8 +151,10 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
             cast_after = torch.bfloat16
             why += "; activations in bf16, which this CPU computes natively"
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
-    net = build_model(cfg, dev, dt)  # its float parameters are allocated, never written where codes serve a layer
     gguf = gguf_file(model_dir)
+    if mtp:
+        check_mtp_checkpoint(model_dir, cfg, gguf is not None or is_compiled(model_dir))
+    net = build_model(cfg, dev, dt, mtp)  # its float parameters are allocated, never written where codes serve a layer
     native = None
     if is_compiled(model_dir):
         weight_dtype = _load_compiled(net, model_dir, weight_dtype)
