@@ -47,6 +47,16 @@ def test_random_schedules_keep_every_invariant(engines):
     assert totals["drafts_accepted"] > 0
 
 
+def test_random_schedules_with_a_draft_model_keep_every_invariant(engines):
+    """The same schedules with the served model as its own draft model (so drafts are mostly accepted, but not for
+    adapter requests: the draft runs without the adapter): every request is what it is alone without drafting."""
+    base, reference = engines
+    totals = sweep(base, reference, range(500, 530), draft=str(base.model.model_dir))
+    print("random engine schedules with a draft model:", totals)
+    assert totals["schedules"] == 30 and totals["compared_alone"] > 30
+    assert totals["preemptions"] > 0 and totals["drafts_accepted"] > 0
+
+
 @pytest.mark.slow
 def test_random_schedules_wide_sweep(engines):
     totals = sweep(*engines, range(1000, 2000))
@@ -77,9 +87,9 @@ def mtp_engines(tmp_path_factory):
 def test_random_schedules_with_mtp_drafts_keep_every_invariant(mtp_engines):
     """Preemption, prefix caching (a hit gives back its last page), chunked prefill, aborts, n, stops, logprobs and
     predictions, with the model's MTP layer drafting: every request is what it is alone without drafting."""
-    totals = sweep(*mtp_engines, range(40), mtp=True)
+    totals = sweep(*mtp_engines, range(30), mtp=True)
     print("random engine schedules with MTP:", totals)
-    assert totals["schedules"] == 40 and totals["compared_alone"] > 40
+    assert totals["schedules"] == 30 and totals["compared_alone"] > 30
     assert totals["preemptions"] > 0 and totals["drafts_accepted"] > 0
 
 
@@ -88,3 +98,11 @@ def test_random_schedules_with_mtp_drafts_wide_sweep(mtp_engines):
     totals = sweep(*mtp_engines, range(1000, 1300), mtp=True)
     print("random engine schedules with MTP (slow sweep):", totals)
     assert totals["schedules"] == 300
+
+
+@pytest.mark.slow
+def test_random_schedules_with_a_draft_model_wide_sweep(engines):
+    base, reference = engines
+    totals = sweep(base, reference, range(3000, 3200), draft=str(base.model.model_dir))
+    print("random engine schedules with a draft model (slow sweep):", totals)
+    assert totals["schedules"] == 200

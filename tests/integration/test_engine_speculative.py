@@ -1,6 +1,6 @@
 """Speculative decoding in the engine loop on the tiny random Llama: what plain decoding gives, whatever the drafts
-(a stop id, a stop string or the length limit inside an accepted run, a grammar, n samples with logprobs), and
-sampling whose distribution is plain sampling's."""
+(a stop id, a stop string or the length limit inside an accepted run, a grammar, n samples with logprobs; prompt
+lookup or a draft model), and sampling whose distribution is plain sampling's."""
 
 from __future__ import annotations
 
@@ -79,6 +79,41 @@ def test_grammar_and_n_samples_decode_as_without_drafts(engines):
     same(outputs(spec, seeded, prompts), outputs(plain, seeded, prompts))  # one draw a token, drafted or not
 
 
+@pytest.fixture(scope="module")
+def with_draft_model(engines):
+    """The tiny model drafting for itself (a separate copy, loaded from its checkpoint as a user's draft is)."""
+    plain = engines[0].engine
+    spec = {"method": "draft_model", "model": str(plain.model.model_dir), "num_speculative_tokens": 4,
+            "disable_by_batch_size": None}
+    return LLM(engine=LLMEngine(plain.config, model=plain.model, tokenizer=plain.tokenizer, speculative_config=spec))
+
+
+def test_a_draft_model_changes_no_output(engines, with_draft_model):
+    """Stops, the length limit, logprobs, a grammar (the draft's unconstrained guesses are cut where the grammar
+    forbids them) and seeded samples: what plain decoding gives."""
+    plain, draft = engines[0], with_draft_model
+    free = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    greedy = outputs(plain, free)[0]
+    before = draft.engine.speculator.snapshot().accepted
+    same(outputs(draft, free), [greedy])
+    assert draft.engine.speculator.snapshot().accepted - before >= 20  # a model drafting for itself is right
+    cases = [
+        dataclasses.replace(free, stop_token_ids=[greedy.token_ids[9]]),
+        dataclasses.replace(free, stop=[greedy.text[len(greedy.text) // 2 : len(greedy.text) // 2 + 2]]),
+        SamplingParams(max_tokens=13, temperature=0.0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=40, temperature=0.0, grammar=GrammarSpec("regex", r"([a-c]{2}!){3,8}")),
+        SamplingParams(max_tokens=30, temperature=0.8, seed=7, n=3, logprobs=1),
+    ]
+    for params in cases:
+        got, want = outputs(draft, params, [PROMPT, PROMPT[:4] * 3]), outputs(plain, params, [PROMPT, PROMPT[:4] * 3])
+        same(got, want)
+        if params.logprobs is not None:
+            assert [[lp.token_id for lp in c.logprobs] for c in got] == [[lp.token_id for lp in c.logprobs]
+                                                                         for c in want]
+    pm = draft.engine.page_manager
+    assert not draft.engine.has_unfinished() and pm.num_free_pages == pm.usable_pages
+
+
 def _first_tokens(llm: LLM, params: SamplingParams, num: int) -> list[tuple[int, ...]]:
     return [tuple(c.token_ids) for c in outputs(llm, params, [PROMPT] * num)]
 
@@ -114,3 +149,17 @@ def test_sampling_with_drafts_draws_from_the_plain_distribution(engines):
     for j in range(4):
         sj, aj, bj = ([x[j] for x in xs] for xs in (s, a, b))
         assert _tv(sj, aj) < 1.5 * _tv(aj, bj) + 0.01
+
+
+def test_the_default_model_drafting_for_itself_on_its_fused_path(default_model_dir):
+    """The default GGUF serves its decode steps through the fused C++ layers, which must read only the served
+    model's cache layers, not the draft model's beside them; and a model drafting for itself is right nearly always."""
+    plain = LLM(str(default_model_dir), kv_cache_memory="64MiB")
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    prompts = [plain.engine.encode("The quick brown fox"), plain.engine.encode("Rivers run to the sea because")]
+    spec = {"method": "draft_model", "model": str(default_model_dir), "num_speculative_tokens": 4}
+    draft = LLM(engine=LLMEngine(plain.engine.config, model=plain.engine.model, tokenizer=plain.engine.tokenizer,
+                                 speculative_config=spec))
+    same(outputs(draft, params, prompts), outputs(plain, params, prompts))
+    stats = draft.engine.speculator.snapshot()
+    assert stats.drafted > 20 and stats.accepted / stats.drafted > 0.8, stats

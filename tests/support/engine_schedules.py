@@ -90,10 +90,13 @@ def random_requests(rng: random.Random, vocab: int, num_adapters: int) -> list[P
     return reqs
 
 
-def random_engine(rng: random.Random, base: LLMEngine, mtp: bool = False) -> LLMEngine:
-    """`mtp`: the model has its MTP layer, and a speculative engine drafts with it."""
+def random_engine(rng: random.Random, base: LLMEngine, mtp: bool = False, draft: str | None = None) -> LLMEngine:
+    """`mtp`: the model has its MTP layer, and a speculative engine drafts with it; `draft`: a speculative engine
+    drafts with that draft model (the served model's own checkpoint)."""
     page = rng.choice([4, 8, 16])
     per_token = KVCache.bytes_per_token_for(base.model.stage_cache_spec(), base.kv_cache.dtype)
+    if draft is not None:  # the draft model is the served model again: its layers share the pages
+        per_token += KVCache.bytes_per_token_for(base.model.kv_cache_spec(), base.kv_cache.dtype)
     sparse = None
     if rng.random() < 0.25:
         sparse = SparseKVConfig(window=16, ratio=rng.choice([0.25, 0.5]), min_context=rng.choice([24, 48]),
@@ -101,7 +104,10 @@ def random_engine(rng: random.Random, base: LLMEngine, mtp: bool = False) -> LLM
     spec = None
     if sparse is None and mtp and rng.random() < 0.7:
         spec = SpeculativeConfig(method="mtp", disable_by_batch_size=rng.choice([None, 2, 8]))
-    elif sparse is None and not mtp and rng.random() < 0.4:
+    elif sparse is None and draft is not None and rng.random() < 0.7:
+        spec = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=rng.choice([1, 3, 6]),
+                                 disable_by_batch_size=rng.choice([None, 2, 8]))
+    elif sparse is None and not mtp and draft is None and rng.random() < 0.4:
         lo = rng.randint(1, 3)
         spec = SpeculativeConfig(num_speculative_tokens=rng.choice([1, 3, 6]), prompt_lookup_min=lo,
                                  prompt_lookup_max=lo + rng.randint(0, 2),
@@ -213,14 +219,15 @@ def check_outcomes(engine: LLMEngine, reqs: list[PlannedRequest], outcomes: dict
     return compared
 
 
-def sweep(base: LLMEngine, reference: LLMEngine, seeds: range, mtp: bool = False) -> dict[str, int]:
+def sweep(base: LLMEngine, reference: LLMEngine, seeds: range, mtp: bool = False,
+          draft: str | None = None) -> dict[str, int]:
     cache: dict = {}
     totals = {"schedules": 0, "requests": 0, "compared_alone": 0, "preemptions": 0, "aborted": 0, "refused": 0,
               "drafts_accepted": 0}
     vocab = base.model.config.vocab_size
     for seed in seeds:
         rng = random.Random(seed)
-        engine = random_engine(rng, base, mtp)
+        engine = random_engine(rng, base, mtp, draft)
         reqs = random_requests(rng, vocab, len(base.adapter_ids))
         outcomes = run_schedule(engine, reqs)
         totals["compared_alone"] += check_outcomes(engine, reqs, outcomes, reference, cache)

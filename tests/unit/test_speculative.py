@@ -148,7 +148,12 @@ def test_config_reads_json_and_refuses_what_is_not_built():
     cfg = EngineConfig(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
     assert cfg.speculative_config.num_speculative_tokens == 3
     with pytest.raises(ValueError, match="not built yet"):
-        EngineConfig(speculative_config={"method": "draft_model", "model": "x"})
+        EngineConfig(speculative_config={"method": "eagle3", "model": "x"})
+    with pytest.raises(ValueError, match='needs "model"'):
+        EngineConfig(speculative_config={"method": "draft_model"})
+    with pytest.raises(ValueError, match="only it takes one"):
+        EngineConfig(speculative_config={"method": "ngram", "model": "x"})
+    assert EngineConfig(speculative_config={"method": "mtp"}).speculative_config.num_speculative_tokens == 1
     with pytest.raises(ValueError, match="not JSON"):
         EngineConfig(speculative_config="{method: ngram}")
     with pytest.raises(ValueError, match="sparse_kv"):

@@ -85,8 +85,9 @@ FLAGS: dict[str, Flag] = {
                     "compile."),
     "speculative_config": Flag(("--speculative-config",), "Speculative decoding as JSON, vLLM's keys, e.g. "
                                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}' (prompt lookup; "
-                               "also prompt_lookup_min/max, disable_by_batch_size), or '{\"method\": \"mtp\"}' (a "
-                               "GLM-4.5/GLM-5 checkpoint's own MTP layer). Output unchanged.", type=str,
+                               "also prompt_lookup_min/max, disable_by_batch_size), '{\"method\": \"mtp\"}' (a "
+                               "GLM-4.5/GLM-5 checkpoint's own MTP layer) or '{\"method\": \"draft_model\", "
+                               "\"model\": DIR}'. Output unchanged.", type=str,
                                show_default=False),
     "max_loras": Flag(("--max-loras",), "Most distinct LoRA adapters in one batch; a request whose adapter would "
                       "pass it waits for a place (default: no bound)."),

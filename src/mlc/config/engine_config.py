@@ -50,7 +50,8 @@ class SpeculativeConfig(BaseModel):
     request opts out with `SamplingParams(speculative=False)`."""
 
     model_config = ConfigDict(extra="forbid")
-    method: Literal["ngram", "mtp"] = "ngram"  # prompt lookup, or the checkpoint's MTP layer; draft_model not yet
+    method: Literal["ngram", "mtp", "draft_model"] = "ngram"  # prompt lookup, the checkpoint's MTP layer, a model
+    model: str | None = None  # draft_model: the draft (a store name, checkpoint dir or .gguf; the same vocabulary)
     num_speculative_tokens: int = Field(3, ge=1, le=16)  # ngram: from `bench spec`'s verify-cost curve; mtp: 1
     prompt_lookup_min: int = Field(2, ge=1, le=8)
     prompt_lookup_max: int = Field(4, ge=1, le=8)
@@ -59,9 +60,9 @@ class SpeculativeConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _method(cls, v):
-        if isinstance(v, dict) and v.get("method") in ("draft_model", "eagle", "eagle3", "medusa"):
-            raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup) "
-                             "or \"mtp\" (a GLM checkpoint's own MTP layer)")
+        if isinstance(v, dict) and v.get("method") in ("eagle", "eagle3", "medusa"):
+            raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup), "
+                             "\"mtp\" (a GLM checkpoint's own MTP layer) or \"draft_model\" (a small model)")
         if isinstance(v, dict) and v.get("method") == "mtp":
             k = v.get("num_speculative_tokens", 1)
             if k != 1:
@@ -74,6 +75,9 @@ class SpeculativeConfig(BaseModel):
     def _window(self):
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError('method "draft_model" needs "model" (the draft model: a store name, checkpoint dir or '
+                             '.gguf with the target\'s vocabulary), and only it takes one')
         return self
 
 
@@ -135,9 +139,9 @@ class EngineConfig(BaseModel):
         if self.pipeline_parallel_size > 1:
             pipeline_conflicts(self)
         spec = self.speculative_config
-        if spec is not None and spec.method == "mtp" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            raise ValueError("speculative method \"mtp\" runs in one process for now; drop tensor_parallel_size / "
-                             "pipeline_parallel_size, or use {\"method\": \"ngram\"}")
+        if spec is not None and spec.method != "ngram" and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError(f"speculative method \"{spec.method}\" runs in one process for now; drop "
+                             "tensor_parallel_size / pipeline_parallel_size, or use {\"method\": \"ngram\"}")
         return self
 
 

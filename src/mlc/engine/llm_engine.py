@@ -13,6 +13,7 @@ import torch
 from mlc.config.engine_config import EngineConfig
 from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.engine.compiled_forward import compile_forward, uncompile
+from mlc.engine.draft_model import DraftModel
 from mlc.engine.grammar import Grammar, GrammarSpec
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.kv_transfer import KVConnector
@@ -100,10 +101,12 @@ class LLMEngine(PDMixin):
         self.model_name = config.model
         context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_seq_len = min(config.max_seq_len or context, context)
-        self.cache_plan, cache_dtype = size_cache(config, model, self.max_seq_len)
+        draft = self._draft_model(config, model)
+        extra = draft.kv_cache_spec() if draft is not None else []  # the draft model's layers share the pages
+        self.cache_plan, cache_dtype = size_cache(config, model, self.max_seq_len, extra)
         ranks = config.tensor_parallel_size
-        self.kv_cache = KVCache(model.stage_cache_spec(), self.cache_plan.num_pages, config.page_size, cache_dtype,
-                                model.device)
+        self.kv_cache = KVCache(model.stage_cache_spec() + extra, self.cache_plan.num_pages, config.page_size,
+                                cache_dtype, model.device)
         self.page_manager = PageManager(self.cache_plan.num_pages, config.page_size, config.enable_prefix_caching)
         self.page_manager.spare_last_hit = mtp  # models/mtp.py: why a hit gives back a page
         if self.tp_group is not None:  # every rank holds the same pages of its own heads (or its stage's layers)
@@ -141,6 +144,8 @@ class LLMEngine(PDMixin):
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
+        if draft is not None:
+            self.speculator.draft_model = DraftModel(draft, self.kv_cache, len(model.stage_cache_spec()))
         self.outputs = OutputProcessor(tokenizer)
         self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout,  # prefill/decode split
                               exportable=self.tp_group is None)
@@ -269,6 +274,23 @@ class LLMEngine(PDMixin):
     def request_ids(self) -> list[str]:
         return list(self.outputs.requests)
 
+    def _draft_model(self, config: EngineConfig, model: CausalLM) -> CausalLM | None:
+        """Speculative method draft_model: the draft, loaded as the target is, and checked against it."""
+        spec = config.speculative_config
+        if spec is None or spec.model is None:
+            return None
+        from mlc.models.loader import load_model
+
+        draft = load_model(spec.model, config.device, config.dtype, config.weight_dtype, verify=config.verify)
+        if draft.config.vocab_size != model.config.vocab_size:
+            raise ConfigError(f"draft model {spec.model} has a vocabulary of {draft.config.vocab_size} tokens, the "
+                              f"served model {model.config.vocab_size}; a draft model must share the tokenizer")
+        context = int(getattr(draft.config, "max_position_embeddings", 0) or 4096)
+        if context < self.max_seq_len:
+            raise ConfigError(f"draft model {spec.model} reads {context} positions, less than the {self.max_seq_len} "
+                              f"served; pass --max-seq-len {context} or a draft model of a longer context")
+        return draft
+
     def check_alive(self) -> None:
         """Raise `EngineDeadError` if a tensor-parallel worker has exited, even with no step to run."""
         if self.tp_group is not None:
@@ -284,6 +306,7 @@ class LLMEngine(PDMixin):
         try:
             self.speculator.propose(self.scheduler.running)
             plan = self.scheduler.schedule()
+            plan.scheduled = self.speculator.fill_drafts(plan.scheduled)
         except Exception as e:
             return self.recovery.step_failed(e, self.scheduler.running + list(self.scheduler.waiting)[:1], self.abort)
         if not plan.scheduled:

@@ -143,9 +143,11 @@ def plan_cache(
     return CachePlan(int(pages), bytes_per_token, page_size, int(budget_bytes), capped, batch, max_batch_size is None)
 
 
-def size_cache(config: EngineConfig, model: CausalLM, max_seq_len: int) -> tuple[CachePlan, KVDtype]:
-    """The KV cache `config` asks for on `model`: its plan and dtype. The budget is this rank's (the model's spec is
-    its own heads under tensor parallelism), and on a CPU every rank's cache comes out of the same free memory."""
+def size_cache(config: EngineConfig, model: CausalLM, max_seq_len: int,
+               extra: list[dict[str, tuple[int, ...]]] | None = None) -> tuple[CachePlan, KVDtype]:
+    """The KV cache `config` asks for on `model` (its MTP layer and `extra` layers, a draft model's, included):
+    its plan and dtype. The budget is this rank's (the model's spec is its own heads under tensor parallelism), and
+    on a CPU every rank's cache comes out of the same free memory."""
     try:
         cache_dtype = kv_dtype(config.kv_cache_dtype, model.dtype)
     except ValueError as e:
@@ -154,7 +156,8 @@ def size_cache(config: EngineConfig, model: CausalLM, max_seq_len: int) -> tuple
     fraction = config.kv_cache_fraction / (ranks if model.device.type == "cpu" else 1)
     if config.kv_cache_memory is not None:
         check_budget_fits(config.kv_cache_memory, ranks if model.device.type == "cpu" else 1, model.device)
-    plan = plan_cache(KVCache.bytes_per_token_for(model.kv_cache_spec(), cache_dtype), config.page_size,
+    spec = model.kv_cache_spec() + ([model.mtp_cache_spec()] if model.mtp is not None else []) + (extra or [])
+    plan = plan_cache(KVCache.bytes_per_token_for(spec, cache_dtype), config.page_size,
                       config.kv_cache_memory, fraction, model.device, config.max_batch_size, max_seq_len)
     if plan.num_pages < 2:
         raise ConfigError(f"kv_cache_memory {config.kv_cache_memory} bytes holds no page of {config.page_size} "

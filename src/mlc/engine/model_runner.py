@@ -76,6 +76,8 @@ class ModelRunner:
         self.device = model.device
         self.parallel = parallel_state()  # the state the model was built under; every call runs under it again
         self.keep_hidden = False  # StepOutput.hidden: the engine drafts with the model's MTP layer
+        # the model's own cache layers come first; an MTP layer's or a draft model's follow them
+        self.model_layers = len(model.stage_cache_spec()) - (model.mtp is not None)
         if self.device.type == "cpu":  # build (first run on this machine) or load the kernel now, not mid-step
             from mlc.layers.cpu_kernels import kernel_status
 
@@ -133,7 +135,7 @@ class ModelRunner:
         meta = build_attention_metadata([len(j.tokens) for j in jobs], [j.start + len(j.tokens) for j in jobs],
                                         [j.page_table for j in jobs], self.kv_cache.page_size, dev)
         with parallel_scope(self.parallel):
-            out = mtp_hidden(self.model, ids, pos, hidden[rows], meta, self.kv_cache.layers[-1])
+            out = mtp_hidden(self.model, ids, pos, hidden[rows], meta, self.kv_cache.layers[self.model_layers])
             ends = list(itertools.accumulate(len(j.tokens) for j in jobs))
             want = [i for i, j in enumerate(jobs) if j.draft]
             tokens = self.model.compute_logits(out[[ends[i] - 1 for i in want]]).argmax(-1).tolist() if want else []
@@ -169,7 +171,7 @@ class ModelRunner:
         input_ids = torch.tensor(step.ids, dtype=torch.long, device=self.device)
         pos = torch.tensor(step.positions, dtype=torch.long, device=self.device)
         with lora_rows(self._adapter_rows(step.adapter_rows)):
-            hidden: torch.Tensor = self.model(input_ids, pos, meta, self.kv_cache.layers)
+            hidden: torch.Tensor = self.model(input_ids, pos, meta, self.kv_cache.layers[: self.model_layers])
         return hidden
 
     @torch.inference_mode()

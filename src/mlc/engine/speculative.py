@@ -28,15 +28,18 @@ from typing import TYPE_CHECKING
 
 from mlc.config.engine_config import SpeculativeConfig
 from mlc.engine.model_runner import ModelRunner, MtpRows, StepOutput
+from mlc.engine.sequence import ScheduledSeq
 
 if TYPE_CHECKING:
-    from mlc.engine.sequence import ScheduledSeq, Sequence
+    from mlc.engine.draft_model import DraftModel
+    from mlc.engine.sequence import Sequence
 
 MAX_POSITIONS = 16  # SpeculativeConfig.num_speculative_tokens' bound
 MAX_COOLDOWN = 32
 LOOKBACK = 16384  # tokens of a long prompt the index covers: its end, where a reply most often copies from
 
 OFF = "off"  # `Sequence.drafter` of a sequence whose drafting failed: it decodes without drafts
+PENDING = 0  # a draft_model draft before the draft model has run (`Speculator.fill_drafts` replaces it)
 
 log = logging.getLogger("mlc.engine")
 
@@ -104,6 +107,7 @@ class DraftState:
     misses: int = 0  # proposals in a row of which nothing was accepted
     cooldown: int = 0  # steps left before the next proposal
     mtp_next: int | None = None  # the MTP layer's token for the step after the next (unused yet)
+    draft_cached: int | None = None  # draft_model: positions of its cache that are valid (engine/draft_model.py)
 
 
 @dataclass
@@ -139,6 +143,7 @@ class Speculator:
         self.predictions = predictions
         self.config = config or SpeculativeConfig()
         self.mtp = self.enabled and self.config.method == "mtp"
+        self.draft_model: DraftModel | None = None  # method draft_model: set by the engine with the loaded model
         self.stats = SpecStats()
 
     def crowded(self, batch: int) -> bool:
@@ -150,6 +155,34 @@ class Speculator:
         state = seq.drafter
         cooling = isinstance(state, DraftState) and (state.cooldown or state.index is not None)
         return self.mtp and seq.params.speculative and state is not OFF and not cooling
+
+    def fill_drafts(self, scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """Method draft_model, after scheduling: the draft model reads what each sequence computes this step and
+        drafts into the room the scheduler left (`engine/draft_model.py`); a draft the grammar forbids ends the
+        sequence's drafts there. A failure costs the step its drafts, never a request."""
+        if self.draft_model is None or not scheduled:
+            return scheduled
+        start = time.perf_counter()
+        states = {item.seq.seq_id: item.seq.drafter for item in scheduled if isinstance(item.seq.drafter, DraftState)}
+        cached = {i: st.draft_cached for i, st in states.items() if st.draft_cached is not None}
+        try:
+            drafts = self.draft_model.fill(scheduled, cached)
+        except Exception as e:  # what it wrote lies past each sequence's valid count: read again next step
+            log.warning("the draft model failed (%s: %s); this step verifies no drafts", type(e).__name__, e)
+            drafts, cached = {}, {}
+        for i, st in states.items():
+            if i in cached:
+                st.draft_cached = cached[i]
+        out = []
+        for item in scheduled:
+            if item.num_draft:
+                seq = item.seq
+                seq.draft_ids = self._allowed(seq, drafts.get(seq.seq_id, [])[: item.num_draft])
+                cut = item.num_draft - len(seq.draft_ids)
+                item = ScheduledSeq(seq, item.num_tokens - cut, item.num_draft - cut) if cut else item
+            out.append(item)
+        self.stats.draft_time_s += time.perf_counter() - start
+        return out
 
     def mtp_pass(self, runner: ModelRunner, step: StepOutput, completed: set[int], accepted: dict[int, int],
                  failed: dict[str, Exception], running: int) -> None:
@@ -221,6 +254,8 @@ class Speculator:
         k = min(state.limit, room)
         if k <= 0:
             return []
+        if state.index is None and self.draft_model is not None:
+            return [PENDING] * k  # room the scheduler trims; `fill_drafts` runs the draft model in it
         if state.index is None:  # MTP: the token its layer left after the last step
             draft, state.mtp_next = ([] if state.mtp_next is None else [state.mtp_next]), None
             return self._allowed(seq, draft)
@@ -241,7 +276,7 @@ class Speculator:
 
     def _start(self, seq: Sequence) -> DraftState:
         c = self.config
-        lookup = not self.mtp or bool(seq.params.prediction)  # a request's prediction is drafted from as before
+        lookup = not self.enabled or c.method == "ngram" or bool(seq.params.prediction)  # a prediction still drafts
         index = NgramIndex(c.prompt_lookup_min, c.prompt_lookup_max) if lookup else None
         state = DraftState(index, limit=c.num_speculative_tokens)
         if seq.params.prediction:
