@@ -89,6 +89,25 @@ def test_fp32_greedy_with_mtp_drafts_is_transformers_greedy(which, request):
     assert pm.num_free_pages == pm.usable_pages  # rejected drafts' pages all came back
 
 
+@pytest.mark.parametrize("which", ["copied_mtp", "glm5_mtp"])
+def test_chained_mtp_drafts_change_no_token(which, request):
+    """Three drafts a step: the layer again on its own guess and output (vLLM's chaining), writing its cache where
+    the verify rows will; the output stays transformers' greedy, and later positions are accepted too."""
+    path, hf, _ = request.getfixturevalue(which)
+    batch = prompts(hf.config.vocab_size)
+    want = [hf_greedy(hf, p) for p in batch]
+    chained = {"method": "mtp", "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    llm = LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, speculative_config=chained)
+    assert greedy(llm, batch) == want
+    assert [greedy(llm, [p])[0] for p in batch] == want
+    stats = llm.engine.speculator.stats
+    assert stats.drafted_at[1] > 0
+    if which == "copied_mtp":
+        assert stats.accepted_at[1] > 0, stats
+    pm = llm.engine.page_manager
+    assert pm.num_free_pages == pm.usable_pages
+
+
 def test_mtp_drafts_are_transformers_mtp_layer_in_a_batch_and_across_prompt_chunks(random_mtp):
     path, hf, mtp = random_mtp
     batch = prompts(hf.config.vocab_size)
@@ -146,8 +165,6 @@ def test_mtp_is_refused_clearly_where_there_is_no_mtp_layer(tmp_path_factory, ra
     llama = build_checkpoint("llama", tmp_path_factory.mktemp("llama-no-mtp"))
     with pytest.raises(ConfigError, match="ngram"):
         LLM(str(llama), dtype="fp32", speculative_config=MTP)
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        LLM(str(random_mtp[0]), speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     with pytest.raises(ValueError, match="one process"):
         EngineConfig(model=str(random_mtp[0]), speculative_config=MTP, tensor_parallel_size=2)
     with pytest.raises(ConfigError, match="GGUF"):

@@ -103,7 +103,8 @@ def random_engine(rng: random.Random, base: LLMEngine, mtp: bool = False, draft:
                                 sink_tokens=2)
     spec = None
     if sparse is None and mtp and rng.random() < 0.7:
-        spec = SpeculativeConfig(method="mtp", disable_by_batch_size=rng.choice([None, 2, 8]))
+        spec = SpeculativeConfig(method="mtp", num_speculative_tokens=rng.choice([1, 1, 2, 3]),
+                                 disable_by_batch_size=rng.choice([None, 2, 8]))
     elif sparse is None and draft is not None and rng.random() < 0.7:
         spec = SpeculativeConfig(method="draft_model", model=draft, num_speculative_tokens=rng.choice([1, 3, 6]),
                                  disable_by_batch_size=rng.choice([None, 2, 8]))

@@ -52,7 +52,7 @@ class SpeculativeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     method: Literal["ngram", "mtp", "draft_model"] = "ngram"  # prompt lookup, the checkpoint's MTP layer, a model
     model: str | None = None  # draft_model: the draft (a store name, checkpoint dir or .gguf; the same vocabulary)
-    num_speculative_tokens: int = Field(3, ge=1, le=16)  # ngram: from `bench spec`'s verify-cost curve; mtp: 1
+    num_speculative_tokens: int = Field(3, ge=1, le=16)  # ngram, draft_model: `bench spec`'s verify-cost curve; mtp: 1
     prompt_lookup_min: int = Field(2, ge=1, le=8)
     prompt_lookup_max: int = Field(4, ge=1, le=8)
     disable_by_batch_size: int | None = Field(8, ge=1)  # no drafting while more sequences than this run
@@ -64,11 +64,7 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"speculative method {v['method']!r} is not built yet; use \"ngram\" (prompt lookup), "
                              "\"mtp\" (a GLM checkpoint's own MTP layer) or \"draft_model\" (a small model)")
         if isinstance(v, dict) and v.get("method") == "mtp":
-            k = v.get("num_speculative_tokens", 1)
-            if k != 1:
-                raise ValueError(f"method \"mtp\" drafts one token per step from the checkpoint's one MTP layer; "
-                                 f"num_speculative_tokens {k} is not built yet: set it to 1 or leave it out")
-            v = {**v, "num_speculative_tokens": 1}
+            v = {"num_speculative_tokens": 1, **v}  # the layer's own guess; more run it again on that guess
         return v
 
     @model_validator(mode="after")

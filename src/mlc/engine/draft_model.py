@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from mlc.engine.sequence import ScheduledSeq
+from mlc.errors import ConfigError
 from mlc.layers.attention import build_attention_metadata
 
 if TYPE_CHECKING:
+    from mlc.config.engine_config import EngineConfig
     from mlc.engine.kv_cache import KVCache
     from mlc.engine.sequence import Sequence
     from mlc.models.base import CausalLM
@@ -58,10 +60,10 @@ class DraftModel:
         last = torch.tensor(list(itertools.accumulate(len(r.tokens) for r in rows)), device=self.device) - 1
         return self.model.compute_logits(hidden[last]).argmax(-1).tolist()
 
-    def fill(self, scheduled: list[ScheduledSeq], cached: dict[int, int]) -> dict[int, list[int]]:
-        """Feed every scheduled sequence's unseen tokens, then draft for those with `num_draft`: returns seq_id ->
-        its greedy drafts. `cached` (seq_id -> how many positions of its draft cache are valid; a sequence not in
-        it trusts the pages it holds, e.g. a prefix-cache hit) is moved on."""
+    def fill(self, scheduled: list[ScheduledSeq], cached: dict[int, int], rooms: set[int]) -> dict[int, list[int]]:
+        """Feed every scheduled sequence's unseen tokens, then draft for those in `rooms` (seq_ids) into their
+        `num_draft`: returns seq_id -> its greedy drafts. `cached` (seq_id -> how many positions of its draft cache
+        are valid; a sequence not in it trusts the pages it holds, e.g. a prefix-cache hit) is moved on."""
         catch_up: list[_Rows] = []
         for item in scheduled:
             seq = item.seq
@@ -69,9 +71,9 @@ class DraftModel:
             stop = seq.num_cached + item.num_tokens - item.num_draft
             catch_up.append(_Rows(seq, start, seq.all_ids[start:stop]))
             cached[seq.seq_id] = stop
-        going = [item for item in scheduled if item.num_draft]
+        going = [item for item in scheduled if item.num_draft and item.seq.seq_id in rooms]
         drafts = {item.seq.seq_id: [token] for item, token in zip(scheduled, self._forward(catch_up))
-                  if item.num_draft}
+                  if item.num_draft and item.seq.seq_id in rooms}
         for j in range(1, max((item.num_draft for item in going), default=0)):
             going = [item for item in going if item.num_draft > j]
             rows = [_Rows(item.seq, cached[item.seq.seq_id], [drafts[item.seq.seq_id][-1]]) for item in going]
@@ -79,3 +81,21 @@ class DraftModel:
                 drafts[item.seq.seq_id].append(token)
                 cached[item.seq.seq_id] += 1
         return drafts
+
+
+def load_draft_model(config: EngineConfig, model: CausalLM, max_seq_len: int) -> CausalLM | None:
+    """Speculative method draft_model: the draft, loaded as the target is, and checked against it."""
+    spec = config.speculative_config
+    if spec is None or spec.model is None:
+        return None
+    from mlc.models.loader import load_model
+
+    draft = load_model(spec.model, config.device, config.dtype, config.weight_dtype, verify=config.verify)
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise ConfigError(f"draft model {spec.model} has a vocabulary of {draft.config.vocab_size} tokens, the "
+                          f"served model {model.config.vocab_size}; a draft model must share the tokenizer")
+    context = int(getattr(draft.config, "max_position_embeddings", 0) or 4096)
+    if context < max_seq_len:
+        raise ConfigError(f"draft model {spec.model} reads {context} positions, less than the {max_seq_len} "
+                          f"served; pass --max-seq-len {context} or a draft model of a longer context")
+    return draft

@@ -13,7 +13,7 @@ import torch
 from mlc.config.engine_config import EngineConfig
 from mlc.distributed.state import SINGLE, parallel_scope, parallel_state
 from mlc.engine.compiled_forward import compile_forward, uncompile
-from mlc.engine.draft_model import DraftModel
+from mlc.engine.draft_model import DraftModel, load_draft_model
 from mlc.engine.grammar import Grammar, GrammarSpec
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.kv_transfer import KVConnector
@@ -101,7 +101,7 @@ class LLMEngine(PDMixin):
         self.model_name = config.model
         context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         self.max_seq_len = min(config.max_seq_len or context, context)
-        draft = self._draft_model(config, model)
+        draft = load_draft_model(config, model, self.max_seq_len)
         extra = draft.kv_cache_spec() if draft is not None else []  # the draft model's layers share the pages
         self.cache_plan, cache_dtype = size_cache(config, model, self.max_seq_len, extra)
         ranks = config.tensor_parallel_size
@@ -144,8 +144,8 @@ class LLMEngine(PDMixin):
         )
         self.sampler = Sampler(self.eos_ids, config.seed)
         self.speculator = Speculator(config.speculative_config, predictions=self.sparse is None)
-        if draft is not None:
-            self.speculator.draft_model = DraftModel(draft, self.kv_cache, len(model.stage_cache_spec()))
+        self.speculator.runner = self.runner if mtp else None  # chains the MTP layer after scheduling
+        self.speculator.draft_model = DraftModel(draft, self.kv_cache, len(model.stage_cache_spec())) if draft else None
         self.outputs = OutputProcessor(tokenizer)
         self.kv = KVConnector(self.page_manager, self.kv_cache, config.kv_lease_timeout,  # prefill/decode split
                               exportable=self.tp_group is None)
@@ -274,23 +274,6 @@ class LLMEngine(PDMixin):
     def request_ids(self) -> list[str]:
         return list(self.outputs.requests)
 
-    def _draft_model(self, config: EngineConfig, model: CausalLM) -> CausalLM | None:
-        """Speculative method draft_model: the draft, loaded as the target is, and checked against it."""
-        spec = config.speculative_config
-        if spec is None or spec.model is None:
-            return None
-        from mlc.models.loader import load_model
-
-        draft = load_model(spec.model, config.device, config.dtype, config.weight_dtype, verify=config.verify)
-        if draft.config.vocab_size != model.config.vocab_size:
-            raise ConfigError(f"draft model {spec.model} has a vocabulary of {draft.config.vocab_size} tokens, the "
-                              f"served model {model.config.vocab_size}; a draft model must share the tokenizer")
-        context = int(getattr(draft.config, "max_position_embeddings", 0) or 4096)
-        if context < self.max_seq_len:
-            raise ConfigError(f"draft model {spec.model} reads {context} positions, less than the {self.max_seq_len} "
-                              f"served; pass --max-seq-len {context} or a draft model of a longer context")
-        return draft
-
     def check_alive(self) -> None:
         """Raise `EngineDeadError` if a tensor-parallel worker has exited, even with no step to run."""
         if self.tp_group is not None:
@@ -349,7 +332,7 @@ class LLMEngine(PDMixin):
             accepted = self._verify(step.logits, [(s, first_row[s.seq_id], drafts[s.seq_id]) for s in sampled
                                                   if drafts.get(s.seq_id)], now, touched, failed)
         if step.hidden is not None:  # the model's MTP layer drafts (models/mtp.py)
-            self.speculator.mtp_pass(self.runner, step, set(drafts), accepted, failed, len(self.scheduler.running))
+            self.speculator.mtp_pass(step, set(drafts), accepted, failed, len(self.scheduler.running))
         outputs = self.outputs.step_outputs(list(touched.values()), now)
         for rid, error in failed.items():  # culprits found by running them alone; the step itself went on
             outputs += self.recovery.fail(error, [rid], self.abort)

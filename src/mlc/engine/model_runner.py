@@ -123,11 +123,12 @@ class ModelRunner:
         return StepOutput(logits, scored, scheduled, hidden=hidden)
 
     @torch.inference_mode()
-    def run_mtp(self, hidden: torch.Tensor, jobs: list[MtpRows]) -> list[int | None]:
-        """The MTP layer over each job's rows, filling its slots of the layer's cache (the last cache layer); the
-        greedy token of each job's last row where it wants a draft (`models/mtp.py`)."""
+    def run_mtp(self, hidden: torch.Tensor, jobs: list[MtpRows]) -> tuple[list[int | None], list[torch.Tensor | None]]:
+        """The MTP layer over each job's rows (the hidden states before them: `hidden` rows from `row`), filling its
+        slots of the layer's cache; for each job that wants a draft, the greedy token of its last row and that row's
+        output, which a further draft reads as its hidden state (`models/mtp.py`)."""
         if not jobs:
-            return []
+            return [], []
         dev = self.device
         rows = torch.cat([torch.arange(j.row, j.row + len(j.tokens)) for j in jobs]).to(dev)
         ids = torch.tensor([t for j in jobs for t in j.tokens], dtype=torch.long, device=dev)
@@ -137,12 +138,12 @@ class ModelRunner:
         with parallel_scope(self.parallel):
             out = mtp_hidden(self.model, ids, pos, hidden[rows], meta, self.kv_cache.layers[self.model_layers])
             ends = list(itertools.accumulate(len(j.tokens) for j in jobs))
-            want = [i for i, j in enumerate(jobs) if j.draft]
-            tokens = self.model.compute_logits(out[[ends[i] - 1 for i in want]]).argmax(-1).tolist() if want else []
-        drafts: list[int | None] = [None] * len(jobs)
-        for i, t in zip(want, tokens):
-            drafts[i] = t
-        return drafts
+            want = [ends[i] - 1 for i, j in enumerate(jobs) if j.draft]
+            tokens = iter(self.model.compute_logits(out[want]).argmax(-1).tolist() if want else [])
+        lasts = iter(want)
+        drafts = [next(tokens) if j.draft else None for j in jobs]
+        outs = [out[next(lasts)] if j.draft else None for j in jobs]
+        return drafts, outs
 
     def attach_adapter(self, adapter_id: int, name: str, path: str, max_rank: int | None = None,
                        prepared: PreparedAdapter | None = None) -> LoRAAdapter:

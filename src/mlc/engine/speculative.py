@@ -1,7 +1,9 @@
-"""Speculative decoding: propose drafts, by prompt lookup (the tokens that followed the last occurrence of a
-sequence's latest n tokens) or from the model's own multi-token-prediction layer (`mtp`: the engine runs that layer
-after each step, `LLMEngine._mtp_pass`, and leaves its token in `DraftState.mtp_next`), and keep the statistics of
-what verification accepted.
+"""Speculative decoding: propose drafts and keep the statistics of what verification accepted. Drafts come from
+prompt lookup (the tokens that followed the last occurrence of a sequence's latest n tokens), from the model's own
+multi-token-prediction layer (`mtp`: `Speculator.mtp_pass` runs it after each step and leaves its token in
+`DraftState.mtp_next`; further drafts chain it after scheduling) or from a draft model (`draft_model`: it runs after
+scheduling, `engine/draft_model.py`); those that run after scheduling fill the room left for them
+(`Speculator.fill_drafts`).
 
 The drafter only proposes. The scheduler gives a sequence's drafts room in the step (`ScheduledSeq.num_draft`),
 the model runner runs each draft as a decode row of its own (`model_runner.prepare_step`: the same page table, one
@@ -21,10 +23,13 @@ than was accepted next time; with more than `disable_by_batch_size` running sequ
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
+
+import torch
 
 from mlc.config.engine_config import SpeculativeConfig
 from mlc.engine.model_runner import ModelRunner, MtpRows, StepOutput
@@ -39,7 +44,7 @@ MAX_COOLDOWN = 32
 LOOKBACK = 16384  # tokens of a long prompt the index covers: its end, where a reply most often copies from
 
 OFF = "off"  # `Sequence.drafter` of a sequence whose drafting failed: it decodes without drafts
-PENDING = 0  # a draft_model draft before the draft model has run (`Speculator.fill_drafts` replaces it)
+PENDING = -1  # room for a draft that runs after scheduling (a draft model's, a chained MTP's): `fill_drafts`
 
 log = logging.getLogger("mlc.engine")
 
@@ -101,12 +106,13 @@ class NgramIndex:
 class DraftState:
     """A sequence's own drafting state (`Sequence.drafter`)."""
 
-    index: NgramIndex | None  # None: drafts come from the MTP layer
+    index: NgramIndex | None  # None: drafts come from the MTP layer or the draft model
     prediction: NgramIndex | None = None
     limit: int = 0  # drafts to propose next time
     misses: int = 0  # proposals in a row of which nothing was accepted
     cooldown: int = 0  # steps left before the next proposal
     mtp_next: int | None = None  # the MTP layer's token for the step after the next (unused yet)
+    mtp_hidden: torch.Tensor | None = None  # the MTP layer's output that drafted it: a further draft reads it
     draft_cached: int | None = None  # draft_model: positions of its cache that are valid (engine/draft_model.py)
 
 
@@ -144,6 +150,7 @@ class Speculator:
         self.config = config or SpeculativeConfig()
         self.mtp = self.enabled and self.config.method == "mtp"
         self.draft_model: DraftModel | None = None  # method draft_model: set by the engine with the loaded model
+        self.runner: ModelRunner | None = None  # method mtp: runs the MTP layer (set by the engine)
         self.stats = SpecStats()
 
     def crowded(self, batch: int) -> bool:
@@ -157,51 +164,85 @@ class Speculator:
         return self.mtp and seq.params.speculative and state is not OFF and not cooling
 
     def fill_drafts(self, scheduled: list[ScheduledSeq]) -> list[ScheduledSeq]:
-        """Method draft_model, after scheduling: the draft model reads what each sequence computes this step and
-        drafts into the room the scheduler left (`engine/draft_model.py`); a draft the grammar forbids ends the
-        sequence's drafts there. A failure costs the step its drafts, never a request."""
-        if self.draft_model is None or not scheduled:
+        """After scheduling, the drafts that need the room the scheduler left: the draft model reads what each
+        sequence computes this step and drafts into it (`engine/draft_model.py`), and the MTP layer runs again on
+        its own guess (`_mtp_chain`). A draft the grammar forbids ends the sequence's drafts there. A failure costs
+        the step its drafts, never a request."""
+        chain = self.mtp and self.runner is not None and any(item.num_draft > 1 for item in scheduled)
+        if not scheduled or (self.draft_model is None and not chain):
             return scheduled
         start = time.perf_counter()
-        states = {item.seq.seq_id: item.seq.drafter for item in scheduled if isinstance(item.seq.drafter, DraftState)}
-        cached = {i: st.draft_cached for i, st in states.items() if st.draft_cached is not None}
         try:
-            drafts = self.draft_model.fill(scheduled, cached)
-        except Exception as e:  # what it wrote lies past each sequence's valid count: read again next step
-            log.warning("the draft model failed (%s: %s); this step verifies no drafts", type(e).__name__, e)
-            drafts, cached = {}, {}
-        for i, st in states.items():
-            if i in cached:
-                st.draft_cached = cached[i]
+            drafts = self._run_draft_model(scheduled) if self.draft_model is not None else self._mtp_chain(scheduled)
+        except Exception as e:  # what it wrote lies past each sequence's valid cache: written again later
+            log.warning("drafting failed (%s: %s); this step verifies no drafts", type(e).__name__, e)
+            drafts = {}
         out = []
         for item in scheduled:
             if item.num_draft:
                 seq = item.seq
-                seq.draft_ids = self._allowed(seq, drafts.get(seq.seq_id, [])[: item.num_draft])
+                own = list(itertools.takewhile(lambda t: t != PENDING, seq.draft_ids[: item.num_draft]))
+                ran = drafts.get(seq.seq_id)  # None: nothing ran for it (its own drafts, checked when proposed)
+                seq.draft_ids = own if ran is None else self._allowed(seq, ran[: item.num_draft])
                 cut = item.num_draft - len(seq.draft_ids)
                 item = ScheduledSeq(seq, item.num_tokens - cut, item.num_draft - cut) if cut else item
             out.append(item)
         self.stats.draft_time_s += time.perf_counter() - start
         return out
 
-    def mtp_pass(self, runner: ModelRunner, step: StepOutput, completed: set[int], accepted: dict[int, int],
+    def _run_draft_model(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
+        assert self.draft_model is not None
+        states = {item.seq.seq_id: item.seq.drafter for item in scheduled if isinstance(item.seq.drafter, DraftState)}
+        cached = {i: st.draft_cached for i, st in states.items() if st.draft_cached is not None}
+        rooms = {item.seq.seq_id for item in scheduled if PENDING in item.seq.draft_ids[: item.num_draft]}
+        drafts = self.draft_model.fill(scheduled, cached, rooms)
+        for i, st in states.items():
+            st.draft_cached = cached[i]
+        return drafts
+
+    def _mtp_chain(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
+        """Drafts 2.. of MTP sequences: the layer again, on its last guess beside its own output for the position
+        before (vLLM chains one MTP layer so); each writes the layer's cache at a slot the target's verify rows
+        reserve, which the next step's pass writes again with the target's own hidden state."""
+        assert self.runner is not None
+        going = [item for item in scheduled if item.num_draft > 1 and PENDING in item.seq.draft_ids]
+        drafts = {item.seq.seq_id: list(item.seq.draft_ids[:1]) for item in going}
+        hidden = {item.seq.seq_id: cast(DraftState, item.seq.drafter).mtp_hidden for item in going}
+        if not going:
+            return drafts
+        for j in range(1, max(item.num_draft for item in going)):
+            going = [item for item in going if item.num_draft > j and hidden[item.seq.seq_id] is not None]
+            if not going:
+                break
+            jobs = [MtpRows(i, item.seq.num_cached + j - 1, drafts[item.seq.seq_id][-1:], item.seq.page_table, True)
+                    for i, item in enumerate(going)]
+            before = torch.stack([cast(torch.Tensor, hidden[item.seq.seq_id]) for item in going])
+            tokens, outs = self.runner.run_mtp(before, jobs)
+            for item, token, out in zip(going, tokens, outs):
+                drafts[item.seq.seq_id].append(cast(int, token))
+                hidden[item.seq.seq_id] = out
+        return drafts
+
+    def mtp_pass(self, step: StepOutput, completed: set[int], accepted: dict[int, int],
                  failed: dict[str, Exception], running: int) -> None:
         """The MTP layer (models/mtp.py) over what the step kept of each sequence: its cache slots filled, and its
         token for the step after the next left for `propose`. Drafts are only proposals, so a failure here costs
         speed, never a request."""
-        assert step.hidden is not None
+        assert step.hidden is not None and self.runner is not None
+        runner = self.runner
         seqs, jobs = self._mtp_jobs(step.scheduled, completed, accepted, failed, running)
         start = time.perf_counter()
         try:
-            drafts = runner.run_mtp(step.hidden, jobs)
+            drafts, outs = runner.run_mtp(step.hidden, jobs)
         except Exception as e:
             log.warning("the MTP layer failed (%s: %s); this step proposes no drafts", type(e).__name__, e)
-            drafts = [None] * len(jobs)
-        for seq, job, token in zip(seqs, jobs, drafts):
+            drafts, outs = [None] * len(jobs), [None] * len(jobs)
+        for seq, job, token, out in zip(seqs, jobs, drafts, outs):
             if job.draft:
-                self.start(seq).mtp_next = token
-            elif isinstance(seq.drafter, DraftState):
-                seq.drafter.mtp_next = None  # never a token left from an earlier position
+                state = self.start(seq)
+                state.mtp_next, state.mtp_hidden = token, out
+            elif isinstance(seq.drafter, DraftState):  # never a token left from an earlier position
+                seq.drafter.mtp_next = seq.drafter.mtp_hidden = None
         self.stats.draft_time_s += time.perf_counter() - start
 
     def _mtp_jobs(self, scheduled: list[ScheduledSeq], completed: set[int], accepted: dict[int, int],
@@ -256,9 +297,10 @@ class Speculator:
             return []
         if state.index is None and self.draft_model is not None:
             return [PENDING] * k  # room the scheduler trims; `fill_drafts` runs the draft model in it
-        if state.index is None:  # MTP: the token its layer left after the last step
+        if state.index is None:  # MTP: the token its layer left after the last step, then room to chain it
             draft, state.mtp_next = ([] if state.mtp_next is None else [state.mtp_next]), None
-            return self._allowed(seq, draft)
+            draft = self._allowed(seq, draft)
+            return draft + [PENDING] * (k - 1) if draft and state.mtp_hidden is not None else draft
         tokens = Joined(seq.prompt_ids, seq.output_ids)
         state.index.extend(tokens)
         draft = state.prediction.continuation(tokens, p.prediction, k) if state.prediction and p.prediction else []
