@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
     from mlc.engine.kv_cache import KVCache
     from mlc.engine.sequence import Sequence
     from mlc.models.base import CausalLM
-
-log = logging.getLogger("mlc.engine")
-
 
 @dataclasses.dataclass
 class _Rows:
