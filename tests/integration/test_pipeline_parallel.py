@@ -1,7 +1,8 @@
 """Pipeline parallelism on the CPU (two stages, two processes, hidden states over gloo point-to-point): greedy
 tokens identical to the plain engine over DECODE_STEPS steps, alone and in a batch, for a tiny llama (GQA), a tiny
 GLM-4.5 MoE and a tiny GLM-5 (MLA latents + DSA indexer keys, the stage boundary on a full indexer layer), and for
-the default model on its default path (GGUF blocks, bf16, fused decode layers on each stage). Also: the batch
+the default model on its default path (GGUF blocks, bf16, fused decode layers on each stage); and with two
+tensor-parallel ranks in each stage (four processes), experts split or spread. Also: the batch
 queue at depth 1 gives the same tokens, and a request aborted while its step is in flight leaves the others
 intact, and a stage that dies ends the engine with EngineDeadError."""
 
@@ -38,6 +39,43 @@ def test_two_stages_decode_the_plain_engines_greedy_tokens_alone_and_in_a_batch(
         assert [greedy(llm, [p])[0] for p in batch] == want
         busy = llm.engine.pipeline.utilization()
         assert len(busy) == 2 and all(t > 0 and n > 0 for t, n in busy)
+    finally:
+        llm.engine.shutdown()
+
+
+def two_by_two(path, monkeypatch, expert_parallel: bool = False) -> LLM:
+    """2 stages x 2 TP ranks: four processes, each stage's heads (and experts) split over its two ranks."""
+    from mlc.distributed import checks
+
+    monkeypatch.setattr(checks, "devices_available", lambda device: 4)  # two cores here: the processes share them
+    return LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, kv_cache_memory=KV, pipeline_parallel_size=2,
+               tensor_parallel_size=2, enable_expert_parallel=expert_parallel, num_threads=1)
+
+
+def test_stages_of_two_tensor_parallel_ranks_decode_the_same_greedy_tokens(tmp_path, monkeypatch):
+    path = build_checkpoint("llama", tmp_path)
+    batch = prompts(json.loads((path / "config.json").read_text())["vocab_size"])
+    want = greedy(LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, kv_cache_memory=KV), batch)
+    llm = two_by_two(path, monkeypatch)
+    try:
+        assert "tensor parallel 2; pipeline parallel 2" in llm.engine.weights
+        assert greedy(llm, batch) == want
+        assert [greedy(llm, [p])[0] for p in batch] == want
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_moe_and_dsa_stages_of_two_tensor_parallel_ranks_decode_the_same_greedy_tokens(tiny, expert_parallel,
+                                                                                      monkeypatch):
+    path, batch, want = tiny
+    if "n_routed_experts" not in json.loads((path / "config.json").read_text()):
+        pytest.skip("the dense model's run is in the default suite; expert parallelism needs a MoE model")
+    llm = two_by_two(path, monkeypatch, expert_parallel)
+    try:
+        assert greedy(llm, batch) == want
+        assert [greedy(llm, [p])[0] for p in batch] == want
     finally:
         llm.engine.shutdown()
 

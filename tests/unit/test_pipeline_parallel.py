@@ -30,6 +30,21 @@ def test_more_stages_than_layers_is_refused_with_what_to_set():
         check_pipeline_parallel(SimpleNamespace(num_hidden_layers=2), 3, "cpu")
 
 
+def test_stages_of_tensor_parallel_ranks_need_a_core_each_and_heads_that_split(monkeypatch):
+    from mlc.distributed import checks
+    from mlc.errors import DeviceError
+
+    cfg = SimpleNamespace(num_hidden_layers=4, vocab_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=64, model_type="llama")
+    monkeypatch.setattr(checks, "devices_available", lambda device: 3)
+    with pytest.raises(DeviceError, match="pipeline parallel size 2 x tensor parallel size 2 is larger than the 3 CPU"):
+        check_pipeline_parallel(cfg, 2, "cpu", tp=2)
+    check_pipeline_parallel(cfg, 3, "cpu")
+    check_pipeline_parallel(cfg, 2, "cpu", tp=2, local=False)  # placed elsewhere: this machine's cores do not count
+    with pytest.raises(ConfigError, match="tensor parallel size 3 does not divide"):
+        check_pipeline_parallel(cfg, 2, "cpu", tp=3, local=False)
+
+
 def test_a_dsa_stage_begins_at_a_full_indexer_layer():
     """A "shared" layer reuses the selection of the full layer before it: both stay in one stage."""
     cfg = SimpleNamespace(model_type="glm_moe_dsa", num_hidden_layers=4, indexer_types=["full", "shared", "shared",
@@ -43,7 +58,6 @@ def test_a_dsa_stage_begins_at_a_full_indexer_layer():
 
 
 @pytest.mark.parametrize("extra, what", [
-    (dict(tensor_parallel_size=2), "tensor parallelism inside a stage"),
     (dict(lora_adapters={"a": "/x"}), "LoRA adapters"),
     (dict(speculative_config={"method": "ngram"}), "speculative decoding"),
     (dict(sparse_kv={"ratio": 0.5}), "sparse_kv"),
@@ -112,31 +126,49 @@ def test_metrics_show_each_stages_busy_time_and_steps():
     assert "pipeline_stage" not in generate_latest(registry).decode()  # one process: no such series
 
 
-def test_a_replica_with_stages_holds_a_device_per_stage_on_one_node():
-    from mlc.cluster.resources import needed, replica_actor_options
-    from mlc.cluster.service import check_stages, replica_serve_config
+def test_a_replica_with_stages_gets_a_placement_group_bundle_per_stage():
+    from mlc.cluster.resources import bundle_actor_options, needed, replica_bundles
+    from mlc.cluster.service import replica_serve_config, stage_note
     from mlc.config.cluster_config import ClusterConfig
     from mlc.config.serve_config import ServeConfig
 
     cfg = ClusterConfig(model="m", hardware="nvidia-h200", nodes=["a", "b"], pipeline_parallel_size=4,
-                        data_parallel_size=4)
-    check_stages(cfg)
-    assert replica_actor_options(cfg, "cuda")["num_gpus"] == 4
-    assert needed(cfg, "cuda", "inference")["GPU"] == 16
+                        data_parallel_size=4, serving={"cpus_per_replica": 8})
+    assert "on one node" in stage_note(cfg)
+    bundles = replica_bundles(cfg, "cuda")
+    assert bundles == [{"CPU": 2.0, "mlc_inference": 1.0, "GPU": 1.0}] * 4
+    assert bundle_actor_options(bundles[0]) == {"num_cpus": 2.0, "num_gpus": 1.0, "resources": {"mlc_inference": 1.0}}
+    assert needed(cfg, "cuda", "inference")["GPU"] == 16  # the bundles of 4 replicas
     engine = replica_serve_config(cfg, ServeConfig(), "cuda").engine
-    assert engine.pipeline_parallel_size == 4 and engine.tensor_parallel_size == 1
+    assert engine.pipeline_parallel_size == 4 and engine.tensor_parallel_size == 1 and engine.num_threads is None
+    one = ClusterConfig(model="m", hardware="nvidia-h200", nodes=["a"], data_parallel_size=8)
+    assert replica_bundles(one, "cuda") is None  # one process a replica: one actor, no placement group
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(pipeline_parallel_size=16, data_parallel_size=1), "spans nodes .* not built yet; use "
-                                                            "pipeline_parallel_size 8 or less"),
-    (dict(pipeline_parallel_size=2, tensor_parallel_size=4, data_parallel_size=1),
-     "tensor parallelism inside a pipeline stage is not built yet"),
-])
-def test_replicas_with_stages_that_cannot_run_yet_are_refused_before_anything_starts(change, message):
-    from mlc.cluster.service import check_stages
+def test_stages_may_span_nodes():
+    from mlc.cluster.resources import replica_bundles
+    from mlc.cluster.service import stage_note
     from mlc.config.cluster_config import ClusterConfig
-    from mlc.errors import ClusterError
 
-    with pytest.raises(ClusterError, match=message):
-        check_stages(ClusterConfig(model="m", hardware="nvidia-h200", nodes=["a", "b"], **change))
+    cfg = ClusterConfig(model="m", hardware="cpu", nodes=["a", "b"], devices_per_node=1, pipeline_parallel_size=2)
+    assert "on 2 nodes or more (at most 1 stages a node)" in stage_note(cfg)
+    assert replica_bundles(cfg, "cpu") == [{"CPU": 0.5, "mlc_inference": 1.0}] * 2
+    with pytest.raises(ValueError, match="pipeline parallel = 3 devices, but the nodes have 2"):
+        ClusterConfig(model="m", hardware="cpu", nodes=["a", "b"], devices_per_node=1, pipeline_parallel_size=3)
+    two_by_two = ClusterConfig(model="m", hardware="cpu", nodes=["a", "b"], devices_per_node=2,
+                               pipeline_parallel_size=2, tensor_parallel_size=2, serving={"cpus_per_replica": 2})
+    assert "2 pipeline stages, 2 devices of one node each, in a Ray placement group: on 2 nodes or more" in (
+        stage_note(two_by_two))
+    assert replica_bundles(two_by_two, "cpu") == [{"CPU": 1.0, "mlc_inference": 2.0}] * 2
+    with pytest.raises(ValueError, match="tensor_parallel_size 4 spans nodes"):  # a stage's ranks share a node
+        ClusterConfig(model="m", hardware="cpu", nodes=["a", "b"], devices_per_node=2, pipeline_parallel_size=1,
+                      tensor_parallel_size=4)
+
+
+def test_ranks_without_device_isolation_take_their_nodes_devices_in_rank_order():
+    """Where Ray gives an actor no device of its own (Ascend's NPU resource), the ranks on a node count off its
+    devices after the replica's own (device 0 on the replica's node)."""
+    from mlc.cluster.stage_hosts import node_device_index
+
+    nodes = {1: "a", 2: "b", 3: "b", 4: "a", 5: "c"}  # the replica (rank 0) is on "a"
+    assert [node_device_index(r, nodes, "a") for r in (1, 2, 3, 4, 5)] == [1, 0, 1, 2, 0]

@@ -226,4 +226,5 @@ def test_a_model_beyond_one_node_gets_pipeline_stages_in_its_command(facts):
     rec = result.recommendation
     assert rec.pipeline_parallel > 1 and rec.tensor_parallel == 4
     assert f"--tensor-parallel-size 4 --pipeline-parallel-size {rec.pipeline_parallel}" in result.command
-    assert any("pipeline stages (--pipeline-parallel-size)" in n for n in result.notes)
+    assert any(f"tensor_parallel_size: 4, pipeline_parallel_size: {rec.pipeline_parallel}" in n
+               for n in result.notes)  # across nodes through deploy

@@ -75,7 +75,8 @@ def check(
 
 
 def check_stages(engine) -> None:
-    """Pipeline stages against the model's layers, when the model is on this machine (config.json only)."""
+    """Pipeline stages against the model's layers (and their tensor-parallel ranks against its heads), when the model
+    is on this machine (config.json only)."""
     if engine.pipeline_parallel_size <= 1:
         return
     from mlc.engine.pp_stage import stage_ranges
@@ -87,6 +88,9 @@ def check_stages(engine) -> None:
     except Exception:
         return  # not pulled here: the engine checks at start
     stage_ranges(cfg, engine.pipeline_parallel_size)  # raises ConfigError with what to set
+    from mlc.distributed.checks import check_shardable
+
+    check_shardable(cfg, engine.tensor_parallel_size, engine.enable_expert_parallel)
 
 
 def print_findings(out: Console, findings, title: str) -> None:

@@ -126,6 +126,12 @@ def status_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None,
                       str(r["waiting"]), f"{r['kv_cache_usage']:.0%}", r["model"] + (
                           f" +{','.join(r['adapters'])}" if r["adapters"] else ""), str(r["generation"]))
     console.print(table if report["replicas"] else "no replica is running")
+    for r in report["replicas"]:
+        if r["stages"]:  # a pipeline-parallel replica: stage 0 is the replica itself
+            where = "; ".join(f"stage {s['stage']} rank {s['rank']} on {s['node']} (node {s['node_id'][:8]}, pid "
+                              f"{s['pid']})" for s in r["stages"])
+            console.print(f"replica {r['id']}: stage 0 on {r['node']} (node {r['node_id'][:8]}); {where}",
+                          highlight=False)
 
 
 @deploy_app.command("down")

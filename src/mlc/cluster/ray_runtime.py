@@ -52,6 +52,21 @@ class Address:
     def is_local(self) -> bool:
         return self.local_port is not None
 
+    @property
+    def on_loopback(self) -> bool:
+        """A head on this machine's loopback: `local`, or one started by hand with --node-ip-address=127.0.0.1."""
+        import ipaddress
+
+        if self.is_local:
+            return True
+        hp = _host_port(self.text)
+        if hp is None:
+            return False
+        try:
+            return hp[0] == "localhost" or ipaddress.ip_address(hp[0]).is_loopback
+        except ValueError:
+            return False
+
 
 def parse_address(cluster: ClusterConfig) -> Address:
     value = cluster.ray_address
@@ -199,7 +214,7 @@ def connect(cluster: ClusterConfig, kind: str, start: bool = True) -> Connection
         logging.getLogger("ray").setLevel(logging.WARNING)
         try:
             node_ip: dict[str, Any] = {}  # ray.init takes it through **kwargs
-            if address.is_local:  # this driver, too, on the head's loopback
+            if address.on_loopback:  # this driver, too, on the head's loopback
                 _local_only(ray)
                 node_ip = {"_node_ip_address": LOOPBACK}
             ray.init(address=address.text, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=False,

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart, run_asgi
 from mlc.cluster.lora_sync import sync
+from mlc.cluster.stage_hosts import node_address
 
 log = logging.getLogger("mlc.cluster.replica")
 
@@ -22,6 +23,7 @@ REPLICA_DEPLOYMENT = "MlcReplica"
 
 class ReplicaServer:
     async def __init__(self, spec: dict):  # type: ignore[misc]  # Ray Serve awaits a deployment's async __init__
+        import ray
         from ray import serve
 
         from mlc.cluster.registry import get_registry
@@ -33,6 +35,7 @@ class ReplicaServer:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.config = ServeConfig(**spec["serve"])
+        self.stages = place_stages(spec)
         self.generation = spec.get("generation", 0)
         self.app = create_app(self.config, HooksConfig(**spec.get("hooks", {})))
         self.state = self.app.state.mlc
@@ -45,6 +48,7 @@ class ReplicaServer:
             raise ClusterError(f"the replica could not serve {self.config.engine.model}: {self.state.error}")
         self.id = serve.get_replica_context().replica_id.unique_id
         self.node = node_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
         self.started = time.time()
         self.registry = get_registry()
         self._push_s = float(spec.get("push_s", 1.0))
@@ -75,6 +79,7 @@ class ReplicaServer:
             "prefix_cache_hits": stats.prefix_cache_hits if stats else 0,
             "prefix_cache_queries": stats.prefix_cache_queries if stats else 0,
             "started": self.started, "metrics": self.state.metrics.render().decode(),
+            "node_id": self.node_id, "stages": self.stages.nodes() if self.stages is not None else [],
         }
 
     async def _push_loop(self) -> None:
@@ -100,11 +105,21 @@ class ReplicaServer:
             await self._lifespan.__aexit__(None, None, None)
 
 
-def node_address() -> str:
-    """The address this replica's node joined the cluster with (a local head's is 127.0.0.1), as Ray records it;
-    `ray.util.get_node_ip_address` in a worker guesses from the machine's routes instead."""
-    import ray
+def place_stages(spec: dict):
+    """A replica deployed with pipeline stages in a placement group (`stage_bundles` in its spec) starts them there,
+    one bundle each: the launcher its engine will use. None for a replica whose engine is one process."""
+    bundles = spec.get("stage_bundles")
+    if not bundles:
+        return None
+    from ray.util import get_current_placement_group
 
-    node_id = ray.get_runtime_context().get_node_id()
-    found = (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
-    return next(found, ray.util.get_node_ip_address())
+    from mlc.cluster.stage_hosts import RayStageLauncher
+    from mlc.engine.launch import use_launcher
+    from mlc.errors import ClusterError
+
+    group = get_current_placement_group()
+    if group is None:
+        raise ClusterError("this replica was deployed for pipeline stages in a placement group but runs outside one")
+    launcher = RayStageLauncher(group, bundles, int(spec.get("ranks_per_stage", 1)))
+    use_launcher(launcher)
+    return launcher

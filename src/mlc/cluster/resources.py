@@ -48,6 +48,32 @@ def replica_actor_options(cluster: ClusterConfig, kind: str) -> dict:
     return options
 
 
+def replica_bundles(cluster: ClusterConfig, kind: str) -> list[dict[str, float]] | None:
+    """A pipeline-parallel replica's placement-group bundles, one per stage (a bundle lies on one node, so a stage's
+    tensor-parallel ranks stay together): an equal share of the replica's CPUs, and `tensor_parallel_size` devices
+    and units of the inference pool each. None without pipeline stages: the replica is one actor."""
+    pp, tp = cluster.pipeline_parallel_size, cluster.tensor_parallel_size
+    if pp == 1:
+        return None
+    bundle = {"CPU": cluster.serving.cpus_per_replica / pp, POOL_RESOURCE["inference"]: float(tp),
+              **accelerator_resources(kind, tp)}
+    return [dict(bundle) for _ in range(pp)]
+
+
+def rank_share(bundle: dict[str, float], ranks: int) -> dict[str, float]:
+    """What each of a stage's `ranks` processes takes of its bundle."""
+    return {k: v / ranks for k, v in bundle.items()}
+
+
+def bundle_actor_options(bundle: dict[str, float]) -> dict:
+    """Ray actor options that take exactly `bundle` (Ray names CPUs and GPUs apart from custom resources)."""
+    options: dict = {"num_cpus": bundle.get("CPU", 0.0),
+                     "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}}
+    if "GPU" in bundle:
+        options["num_gpus"] = bundle["GPU"]
+    return options
+
+
 def worker_resources(cluster: ClusterConfig, kind: str) -> dict[str, float]:
     """What one Ray Train worker asks for: its CPUs, one device and one unit of the training pool resource."""
     return {"CPU": cluster.training.cpus_per_worker, POOL_RESOURCE["training"]: 1, **accelerator_resources(kind, 1)}

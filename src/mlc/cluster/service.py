@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlc.cluster import ray_runtime
-from mlc.cluster.resources import device_kind, needed, replica_actor_options
+from mlc.cluster.resources import (
+    bundle_actor_options,
+    device_kind,
+    needed,
+    rank_share,
+    replica_actor_options,
+    replica_bundles,
+)
 from mlc.config.cluster_config import ClusterConfig
 from mlc.config.serve_config import ServeConfig
 from mlc.errors import ClusterError, ConfigError
@@ -64,6 +71,14 @@ def _replica_app(cluster: ClusterConfig, spec: dict, kind: str):
         health_check_timeout_s=max(30.0, 2 * s.health_check_period_s),
         graceful_shutdown_timeout_s=spec["serve"]["shutdown_grace_s"], graceful_shutdown_wait_loop_s=0.5,
     )
+    bundles = replica_bundles(cluster, kind)
+    if bundles is not None:
+        # one bundle a pipeline stage, the replica itself (stage 0) in the first; PACK: one node when one holds the
+        # stages, else as few nodes as it takes (cluster/stage_hosts.py)
+        tp = cluster.tensor_parallel_size
+        options.update(placement_group_bundles=bundles, placement_group_strategy="PACK", ray_actor_options={
+            **options["ray_actor_options"], **bundle_actor_options(rank_share(bundles[0], tp))})
+        spec = {**spec, "stage_bundles": bundles, "ranks_per_stage": tp}
     if s.routing == "prefix_affinity":
         options["request_router_config"] = RequestRouterConfig(  # Ray annotates its **kwargs as dicts
             request_router_class=PrefixAffinityRouter,  # type: ignore[arg-type]
@@ -198,8 +213,7 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
     notes = []
     pp = cluster.pipeline_parallel_size
     if pp > 1:
-        check_stages(cluster)
-        notes.append(f"each replica holds {pp} devices of one node and runs one pipeline stage on each")
+        notes.append(stage_note(cluster))
     if cluster.tensor_parallel_size > 1:
         notes.append(f"each replica holds {cluster.tensor_parallel_size} devices of one node (Ray places an actor's "
                      "resources together) and runs one tensor-parallel rank on each")
@@ -210,17 +224,17 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
     return notes
 
 
-def check_stages(cluster: ClusterConfig) -> None:
-    """What pipeline-parallel replicas cannot do yet, refused before anything starts (ClusterError)."""
+def stage_note(cluster: ClusterConfig) -> str:
+    """Where a pipeline-parallel replica's stages go (the cluster config has already refused a layout whose devices
+    it does not hold, or whose tensor-parallel ranks would span nodes)."""
     pp, tp = cluster.pipeline_parallel_size, cluster.tensor_parallel_size
-    if tp > 1:
-        raise ClusterError(f"pipeline_parallel_size {pp} with tensor_parallel_size {tp}: tensor parallelism inside a "
-                           "pipeline stage is not built yet; set one of them to 1")
-    most = max((len(ids) for ids in cluster.pool_devices("inference").values()), default=0)
-    if pp > most:
-        raise ClusterError(f"pipeline_parallel_size {pp} spans nodes (the most inference devices on one node is "
-                           f"{most}): stages on several nodes are not built yet; use pipeline_parallel_size {most} "
-                           "or less and data_parallel_size for more replicas")
+    per_node = cluster.pool_devices("inference")
+    most = max((len(ids) for ids in per_node.values()), default=tp)
+    fit = most // tp  # stages a node holds
+    where = "one node" if pp <= fit else f"{-(-pp // fit)} nodes or more (at most {fit} stages a node)"
+    each = f"{tp} devices of one node" if tp > 1 else "one device"
+    return (f"each replica runs {pp} pipeline stages, {each} each, in a Ray placement group: on {where}; every "
+            "node that holds a stage needs the model at the same path (or in its model store)")
 
 
 def _recover(cluster, kind, conn, registry, previous, progress: Progress) -> None:

@@ -38,7 +38,8 @@ def status(cluster: ClusterConfig) -> dict:
             health = "draining (replaced by the roll)"
         replicas.append({k: s[k] for k in ("id", "node", "pid", "generation", "model", "adapters", "in_flight",
                                            "running", "waiting", "kv_cache_usage", "prefix_cache_hits",
-                                           "prefix_cache_queries")} | {"health": health})
+                                           "prefix_cache_queries")}
+                        | {"health": health, "node_id": s.get("node_id", ""), "stages": s.get("stages", [])})
     return {
         "endpoint": f"http://{cluster.host}:{cluster.port}",
         "ray_address": cluster.ray_address,

@@ -143,8 +143,7 @@ class EngineConfig(BaseModel):
 
 def pipeline_conflicts(c: EngineConfig) -> None:
     """Refuse what pipeline parallelism does not run yet, each with what to do instead."""
-    not_yet = [(c.tensor_parallel_size > 1, "tensor parallelism inside a stage (--tensor-parallel-size)"),
-               (bool(c.lora_adapters), "LoRA adapters"), (c.speculative_config is not None, "speculative decoding"),
+    not_yet = [(bool(c.lora_adapters), "LoRA adapters"), (c.speculative_config is not None, "speculative decoding"),
                (c.sparse_kv is not None and c.sparse_kv.ratio < 1, "sparse_kv"), (c.compile, "--compile")]
     for bad, what in not_yet:
         if bad:

@@ -86,15 +86,21 @@ def fits_tensor_parallel(cfg, size: int) -> bool:
     return any(not _unsplittable(cfg, size, ep) for ep in modes)
 
 
-def check_pipeline_parallel(cfg, stages: int, device: str) -> None:
-    """Raise ConfigError / DeviceError unless `cfg`'s layers make `stages` stages, one process (and device) each."""
+def check_pipeline_parallel(cfg, stages: int, device: str, local: bool = True, tp: int = 1,
+                            expert_parallel: bool = False) -> None:
+    """Raise ConfigError / DeviceError unless `cfg`'s layers make `stages` stages of `tp` tensor-parallel ranks, one
+    process (and device) each (of this machine's, when they are `local`)."""
     layers = int(cfg.num_hidden_layers)
     if stages > layers:
         raise ConfigError(f"pipeline_parallel_size {stages} is more than the model's {layers} layers; use "
                           f"--pipeline-parallel-size {layers} or less")
+    check_shardable(cfg, tp, expert_parallel)
+    if not local:
+        return  # the launcher's placement holds a device (or cores) for each process, wherever it is
     dev = resolve_device(device)
     have = devices_available(dev)
-    if stages > have:
+    if stages * tp > have:
         unit = "CPU cores" if dev.type == "cpu" else f"{dev.type} devices"
-        raise DeviceError(f"pipeline parallel size {stages} is larger than the {have} {unit} available; "
-                          f"use --pipeline-parallel-size {have} or less")
+        what = f"pipeline parallel size {stages}" + (f" x tensor parallel size {tp}" if tp > 1 else "")
+        raise DeviceError(f"{what} is larger than the {have} {unit} available; use fewer stages or ranks (at most "
+                          f"{have} processes)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import threading
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,8 +39,9 @@ class KVSender:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0) -> None:
         self.host, self.timeout = host, timeout
-        self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=timeout))
+        listener = socket.create_server((host, port))  # bound to `host` only: torch's own listens on every interface
+        self.store = dist.TCPStore(host, int(listener.getsockname()[1]), is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=timeout), master_listen_fd=listener.detach())
         self.port = int(self.store.port)
         self._groups: dict[str, Future[Any]] = {}
         self._queues: dict[str, ThreadPoolExecutor] = {}

@@ -29,7 +29,7 @@ import torch
 
 from mlc.config.engine_config import EngineConfig
 from mlc.distributed.pipeline import PipelineLinks, pipeline_links
-from mlc.distributed.state import parallel_scope
+from mlc.distributed.state import parallel_scope, set_parallel_state
 from mlc.engine.kv_cache import KVCache
 from mlc.engine.model_runner import ModelRunner, StepOutput, prepare_step
 from mlc.engine.page_manager import PageCopy
@@ -62,22 +62,31 @@ log = logging.getLogger("mlc.engine")
 
 
 class PPGroup(TPGroup):
+    """The stages' processes: `tp` a stage (global rank g is TP rank g % tp of stage g // tp; the driver is rank 0)."""
+
     worker_module = "mlc.engine.pp_worker"
     what = "pipeline-parallel"
 
-    def __init__(self, ranges: list[tuple[int, int]], device: torch.device, engine_config: dict[str, Any],
-                 threads: int) -> None:
-        self.ranges = ranges
+    def __init__(self, ranges: list[tuple[int, int]], tp: int, expert_parallel: bool, device: torch.device,
+                 engine_config: dict[str, Any], threads: int) -> None:
+        self.ranges, self.stages, self.tp = ranges, len(ranges), tp
         self.links: PipelineLinks | None = None
-        super().__init__(len(ranges), False, device, engine_config, threads)
+        super().__init__(len(ranges) * tp, expert_parallel, device, engine_config, threads)
 
     def worker_extra(self) -> dict[str, Any]:
-        return {"ranges": [list(r) for r in self.ranges]}
+        return {"ranges": [list(r) for r in self.ranges], "tp": self.tp}
 
     def joined(self, backend: str, device: torch.device) -> None:
-        self.links = pipeline_links(self.size)  # the driver stays a whole-model rank: no tensor parallelism
-        log.info("pipeline parallel: %d stages over %s (%s), layers %s", self.size, backend, device.type,
+        self.links = links = pipeline_links(self.stages, self.tp, 0)
+        if self.tp > 1:  # the driver is TP rank 0 of stage 0: layers built from now on are its shard
+            set_parallel_state(0, self.tp, self.expert_parallel, links.tp_group)
+        log.info("pipeline parallel: %d stages%s over %s (%s), layers %s", self.stages,
+                 f" of {self.tp} tensor-parallel ranks" if self.tp > 1 else "", backend, device.type,
                  ", ".join(f"{a}-{b - 1}" for a, b in self.ranges))
+
+    def stage_details(self, details: list[Any]) -> list[Any]:
+        """Of every worker's answer to a step (by global rank 1..), each later stage's TP rank 0's."""
+        return [details[s * self.tp - 1] for s in range(1, self.stages)]
 
 
 @dataclass
@@ -100,8 +109,8 @@ class PPModelRunner(ModelRunner):
         self.links = group.links
         self.copies: list[PageCopy] = []
         self.tag = 0
-        self.busy = [0.0] * group.size  # per stage: seconds computing, and steps run
-        self.steps = [0] * group.size
+        self.busy = [0.0] * group.stages  # per stage: seconds computing, and steps run
+        self.steps = [0] * group.stages
 
     def apply_copies(self, copies: list[PageCopy]) -> None:
         self.copies += copies  # they travel with the next step, to every stage
@@ -129,10 +138,11 @@ class PPModelRunner(ModelRunner):
                 hidden = self.hidden_states(step).contiguous()
             self.busy[0] += time.perf_counter() - start
             self.steps[0] += 1
-            sent = dist.isend(hidden, dst=1, group=self.links.forward[0], tag=self.tag)
+            links = self.links
+            sent = dist.isend(hidden, dst=links.peer(1), group=links.forward[0], tag=self.tag)
             n = len(step.logit_rows)
             logits = torch.empty(n, self.model.config.vocab_size, dtype=torch.float32, device=self.device)
-            received = dist.irecv(logits, src=self.group.size - 1, group=self.links.back, tag=self.tag) if n else None
+            received = dist.irecv(logits, src=links.last_rank, group=links.back, tag=self.tag) if n else None
         except EngineDeadError:
             raise
         except Exception as e:
@@ -140,7 +150,8 @@ class PPModelRunner(ModelRunner):
         return Flight(scheduled, [s.completes for s in scheduled], self.tag, hidden, sent, logits, received)
 
     def finish(self, flight: Flight) -> StepOutput:
-        details = self.group.collect("execute", None)  # every stage's answer to this step, in step order
+        # every worker's answer to this step, in step order; of each stage, its TP rank 0's
+        details = self.group.stage_details(self.group.collect("execute", None))
         if flight.received is not None:
             flight.received.wait()
         flight.sent.wait()
@@ -230,6 +241,7 @@ def start_pipeline_parallel(config: EngineConfig, model: CausalLM | None) -> tup
     """(stage 0's part of the model, the group) for an engine config asking for more than one stage."""
     from mlc.config.device import resolve_device
     from mlc.distributed.checks import check_pipeline_parallel, rank_device
+    from mlc.engine.launch import current_launcher
     from mlc.engine.pp_stage import cut_to_stage, stage_ranges
     from mlc.models.hf_checkpoint import read_config
     from mlc.models.loader import load_model
@@ -241,11 +253,14 @@ def start_pipeline_parallel(config: EngineConfig, model: CausalLM | None) -> tup
     stages = config.pipeline_parallel_size
     device = resolve_device(config.device)
     cfg = read_config(resolve_model_dir(config.model))
-    check_pipeline_parallel(cfg, stages, config.device)
+    tp, ep = config.tensor_parallel_size, config.enable_expert_parallel
+    check_pipeline_parallel(cfg, stages, config.device, local=not current_launcher().spans_nodes, tp=tp,
+                            expert_parallel=ep)
     ranges = stage_ranges(cfg, stages)
-    threads = config.num_threads or (max(1, (os.cpu_count() or 1) // stages) if device.type == "cpu" else 1)
+    # on a CPU the processes share its cores: each gets its part, or num_threads when set
+    threads = config.num_threads or (max(1, (os.cpu_count() or 1) // (stages * tp)) if device.type == "cpu" else 1)
     torch.set_num_threads(threads)
-    group = PPGroup(ranges, device, config.model_dump(), threads)
+    group = PPGroup(ranges, tp, ep, device, config.model_dump(), threads)
     try:
         model = load_model(config.model, rank_device(device, 0), config.dtype, config.weight_dtype,
                            verify=config.verify)

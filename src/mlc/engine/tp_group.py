@@ -14,11 +14,9 @@ import datetime
 import hmac
 import json
 import logging
-import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -28,6 +26,7 @@ import torch
 
 from mlc.distributed.checks import backend_for, rank_device
 from mlc.distributed.state import reset_parallel_state, set_parallel_state
+from mlc.engine.launch import Launched, current_launcher
 from mlc.errors import EngineDeadError
 
 log = logging.getLogger("mlc.engine")
@@ -36,10 +35,14 @@ START_TIMEOUT_S = 120  # for a worker to start its interpreter and call back
 T = TypeVar("T")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _store(host: str, listener: socket.socket, size: int) -> Any:
+    """The group's rendezvous store, served from `listener` (bound to `host` only: torch's own would listen on every
+    interface)."""
+    import torch.distributed as dist
+
+    port = int(listener.getsockname()[1])
+    return dist.TCPStore(host, port, size, is_master=True, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+                         wait_for_workers=False, master_listen_fd=listener.detach())
 
 
 class TPGroup:
@@ -53,19 +56,22 @@ class TPGroup:
         self.size, self.expert_parallel = size, expert_parallel
         self.closed = False
         self.pipes: list[Connection] = []
-        self.procs: list[subprocess.Popen[bytes]] = []
-        port = _free_port()
+        self.procs: list[Launched] = []
+        self.launcher = current_launcher()
+        host = self.launcher.host
+        rendezvous = socket.create_server((host, 0))  # the store's, served once the workers have called back
+        port = rendezvous.getsockname()[1]
         token = secrets.token_hex(16)
-        server = socket.create_server(("127.0.0.1", 0))
+        server = socket.create_server((host, 0))
         server.settimeout(1.0)
         try:
             for rank in range(1, size):
                 # a fresh interpreter (not multiprocessing's spawn, which re-imports the user's __main__ script)
-                spec = {"rank": rank, "size": size, "port": port, "expert_parallel": expert_parallel,
+                spec = {"rank": rank, "size": size, "host": host, "port": port, "expert_parallel": expert_parallel,
                         "engine": engine_config, "threads": threads, "control": server.getsockname()[1],
-                        **self.worker_extra()}
-                self.procs.append(subprocess.Popen([sys.executable, "-m", self.worker_module, json.dumps(spec)],
-                                                   env={**os.environ, "MLC_TP_TOKEN": token}))
+                        "device_index": self.launcher.device_index(rank), **self.worker_extra()}
+                self.procs.append(self.launcher.start(rank, ["-m", self.worker_module, json.dumps(spec)],
+                                                      {"MLC_TP_TOKEN": token}))
             by_rank: dict[int, Connection] = {}
             for _ in range(1, size):
                 conn = Connection(self._accept(server).detach())
@@ -75,13 +81,14 @@ class TPGroup:
                 by_rank[rank] = conn
             self.pipes = [by_rank[rank] for rank in range(1, size)]
         except (OSError, EOFError) as e:
+            rendezvous.close()
             self.shutdown()
             raise EngineDeadError(f"the {self.what} workers did not start ({e})") from None
         finally:
             server.close()
         backend = backend_for(device)
         try:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=size,
+            dist.init_process_group(backend, store=_store(host, rendezvous, size), rank=0, world_size=size,
                                     timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                                     device_id=rank_device(device, 0) if backend != "gloo" else None)
         except Exception as e:
@@ -185,6 +192,7 @@ class TPGroup:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        self.launcher.close()
         import torch.distributed as dist
 
         if dist.is_initialized():

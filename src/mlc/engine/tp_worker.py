@@ -84,21 +84,21 @@ class Worker(CacheHolder):
         self.runner.detach_adapter(adapter_id)
 
 
-def _connect(control_port: int, rank: int) -> Connection:
+def _connect(host: str, control_port: int, rank: int) -> Connection:
     import socket
 
-    conn = Connection(socket.create_connection(("127.0.0.1", control_port)).detach())
+    conn = Connection(socket.create_connection((host, control_port)).detach())
     conn.send((rank, os.environ.get("MLC_TP_TOKEN", "")))
     return conn
 
 
-def join_group(rank: int, size: int, port: int, engine: dict[str, Any], threads: int, control: int,
-               label: str) -> tuple[Connection, EngineConfig, torch.device]:
-    """A worker process's start (tensor-parallel rank or pipeline stage): exit with the driver, connect the control
-    pipe, log as `label`, join the driver's process group. Returns the pipe, the engine config and this rank's
-    device."""
+def join_group(rank: int, size: int, host: str, port: int, engine: dict[str, Any], threads: int, control: int,
+               device_index: int, label: str) -> tuple[Connection, EngineConfig, torch.device]:
+    """A worker process's start (tensor-parallel rank or pipeline stage): exit with the process that started it,
+    connect the control pipe to the driver at `host`, log as `label`, join the driver's process group. Returns the
+    pipe, the engine config and this rank's device (accelerator `device_index` of those this process sees)."""
     _die_with_parent()
-    pipe = _connect(control, rank)
+    pipe = _connect(host, control, rank)
     logging.basicConfig(level=os.environ.get("MLC_LOG_LEVEL", "WARNING"), format=f"{label} %(message)s")
     import torch
     import torch.distributed as dist
@@ -110,10 +110,11 @@ def join_group(rank: int, size: int, port: int, engine: dict[str, Any], threads:
 
     torch.set_num_threads(threads)
     config = EngineConfig(**engine)
-    device = rank_device(resolve_device(config.device), rank)
+    device = rank_device(resolve_device(config.device), device_index)
     backend = backend_for(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)  # the driver serves it (tp_group)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout,
                             device_id=device if backend != "gloo" else None)
     return pipe, config, device
 
@@ -147,11 +148,11 @@ def serve_commands(pipe: Connection, build: Callable[[], Any],
         pass
 
 
-def worker_main(rank: int, size: int, port: int, expert_parallel: bool, engine: dict[str, Any], threads: int,
-                control: int) -> None:
+def worker_main(rank: int, size: int, host: str, port: int, expert_parallel: bool, engine: dict[str, Any],
+                threads: int, control: int, device_index: int) -> None:
     from mlc.distributed.state import set_parallel_state
 
-    pipe, config, device = join_group(rank, size, port, engine, threads, control, f"rank{rank}")
+    pipe, config, device = join_group(rank, size, host, port, engine, threads, control, device_index, f"rank{rank}")
     set_parallel_state(rank, size, expert_parallel)
 
     def call(worker: Worker, method: str, args: tuple[Any, ...]) -> None:

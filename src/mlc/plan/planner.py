@@ -54,9 +54,10 @@ def plan(facts: ModelFacts, profile: HardwareProfile, request: PlanRequest) -> P
     chosen = pick or requested
     if chosen.pipeline_parallel > 1:
         notes.append(f"pipeline parallel {chosen.pipeline_parallel} x tensor parallel {chosen.tensor_parallel}: "
-                     "the engine runs pipeline stages (--pipeline-parallel-size) as processes of one host, one "
-                     "device each; tensor parallelism inside a stage and stages on several nodes are not built "
-                     "yet")
+                     f"each stage's {chosen.tensor_parallel} ranks on one node, the stages across nodes: serve it "
+                     "on one host with the line below, or across nodes with `mlc-cli deploy` "
+                     f"(tensor_parallel_size: {chosen.tensor_parallel}, pipeline_parallel_size: "
+                     f"{chosen.pipeline_parallel} in the cluster file; each replica is one Ray placement group)")
     return PlanResult(model, hardware, asdict(request), requested, pick, reason, alternatives, notes,
                       serve_command(facts.name, profile, request, chosen, min(request.seq_len, facts.max_context)))
 
