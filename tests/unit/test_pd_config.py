@@ -87,3 +87,28 @@ def test_a_prefill_or_decode_role_with_tensor_parallelism_is_refused():
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
         ServeConfig(kv_role="decode", engine={"tensor_parallel_size": 2})
     assert ServeConfig(kv_role="both", engine={"tensor_parallel_size": 2}).kv_role == "both"
+
+
+def test_deploy_runs_a_prefill_and_a_decode_application_with_their_roles_and_resources():
+    from mlc.cluster.pd_deploy import gateway_pd, kv_token, pool_spec, replica_apps
+    from mlc.cluster.resources import needed, pool_replicas, raylets, replica_actor_options
+    from mlc.config.serve_config import ServeConfig
+
+    cfg = ClusterConfig(**{**PD, "pd": {**PD["pd"], "kv_lease_timeout": 12.0, "decode": {"kv_cache_dtype": "int8",
+                                                                                          "max_batch_size": 64}}})
+    assert [(a.pool, a.app) for a in replica_apps(cfg)] == [("prefill", "mlc-prefill"), ("decode", "mlc-decode")]
+    assert pool_replicas(cfg, "prefill") == pool_replicas(cfg, "decode") == 2  # one device an instance
+    assert replica_actor_options(cfg, "cpu", "prefill")["resources"] == {"mlc_prefill": 1}
+    assert needed(cfg, "cpu", "decode") == {"CPU": 2.0, "mlc_decode": 2}
+    assert raylets(cfg, "cpu")[0].pools == {"mlc_prefill": 2, "mlc_decode": 2}  # `ray start --resources`
+    spec = {"serve": ServeConfig().model_dump(mode="json")}
+    decode = ServeConfig(**pool_spec(spec, cfg, "decode")["serve"])
+    assert decode.kv_role == "decode" and decode.engine.kv_cache_dtype == "int8"
+    assert decode.engine.max_batch_size == 64 and decode.engine.kv_lease_timeout == 12.0
+    assert ServeConfig(**pool_spec(spec, cfg, "prefill")["serve"]).engine.max_batch_size is None
+    assert gateway_pd(cfg) == {"threshold_tokens": 512}
+    token = kv_token(cfg, None)
+    assert token and kv_token(cfg, {"kv_token": token}) == token  # kept across a roll
+    plain = ClusterConfig(model="m", hardware="cpu", nodes=["a"], devices_per_node=2, data_parallel_size=2)
+    assert [a.app for a in replica_apps(plain)] == ["mlc-replicas"] and pool_spec(spec, plain, "inference") is spec
+    assert kv_token(plain, None) is None and gateway_pd(plain) is None

@@ -6,8 +6,9 @@ milliseconds per phase and the effective rate, against a plain in-memory copy of
 run (the loopback ceiling).
 
 `ab`: 2 colocated replicas (`--kv-role both`, chunked prefill, a client-side least-loaded split) against 1 prefill +
-1 decode instance behind the PD router, each on its share of the cores: steady short chats, with and without
-Poisson-arriving long prompts; the short chats' decode TPOT p99 (and TTFT, throughput) per layout.
+1 decode instance behind the PD router, each on its share of the cores: steady short chats, alone and beside
+Poisson-arriving long prompts at each rate asked for; the short chats' decode TPOT p99 (and TTFT, throughput) per
+layout, and a plot of that p99 against the share of requests that are long.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class ABConfig:
     model: str
     duration_s: float = 60.0
     chat_rate: float = 1.0  # short chats per second (Poisson)
-    long_rate: float = 0.1  # long prompts per second (Poisson)
+    long_rates: list[float] = field(default_factory=lambda: [0.1])  # long prompts per second (Poisson), one run each
     long_tokens: int = 4096
     chat_max_tokens: int = 64
     threshold_tokens: int = 512
@@ -261,9 +262,32 @@ def run_ab(cfg: ABConfig, log_dir: Path, on_report: Any = None) -> list[LoadRepo
                 urls = [sa.spec.url, sb.spec.url]
                 if layout != "colocated":  # the router shares the decode instance's cores
                     urls = [stack.enter_context(RunningServer(_router(cfg, urls[0], urls[1], b, log_dir))).spec.url]
-                for seed, rate in enumerate((0.0, cfg.long_rate)):
+                for seed, rate in enumerate((0.0, *cfg.long_rates)):
                     report = asyncio.run(_run(cfg, urls, rate, seed, layout))
                     reports.append(report)
                     if on_report is not None:
                         on_report(report)
     return reports
+
+
+def long_share(r: LoadReport) -> float:
+    """The share of a run's requests that were long prompts."""
+    return r.longs / (r.chats + r.longs) if r.chats + r.longs else 0.0
+
+
+def ab_plot(reports: list[LoadReport], path: Path, title: str) -> Path:
+    """The short chats' decode TPOT p99 against the share of long prompts, one line per layout."""
+    from mlc.bench.plots import _finish, _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    for layout in dict.fromkeys(r.layout for r in reports):
+        points = sorted((100 * long_share(r), r.chat_tpot_p99_ms) for r in reports
+                        if r.layout == layout and r.chat_tpot_p99_ms == r.chat_tpot_p99_ms)
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=layout)
+            for x, y in points:
+                ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax.set_ylim(bottom=0)
+    return _finish(plt, fig, ax, path, title, "long prompts, % of requests", "short chats' decode TPOT p99 (ms)")

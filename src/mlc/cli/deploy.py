@@ -119,13 +119,16 @@ def status_cmd(ctx: typer.Context, cluster_config: ClusterOpt = None,
     for name, app in report["applications"].items():
         console.print(f"Serve app {name}: {app['status']}" + (f" ({app['message']})" if app["message"] else ""),
                       highlight=False)
-    table = Table("replica", "node", "pid", "health", "in flight", "running", "waiting", "KV used", "model",
+    table = Table("replica", "role", "node", "pid", "health", "in flight", "running", "waiting", "KV used", "model",
                   "generation")
     for r in report["replicas"]:
-        table.add_row(r["id"], r["node"], str(r["pid"]), r["health"], str(r["in_flight"]), str(r["running"]),
+        table.add_row(r["id"], r["role"], r["node"], str(r["pid"]), r["health"], str(r["in_flight"]), str(r["running"]),
                       str(r["waiting"]), f"{r['kv_cache_usage']:.0%}", r["model"] + (
                           f" +{','.join(r['adapters'])}" if r["adapters"] else ""), str(r["generation"]))
     console.print(table if report["replicas"] else "no replica is running")
+    if set(report["pools"]) & {"prefill", "decode"}:
+        console.print("queued or running by pool: " + ", ".join(f"{p} {n}" for p, n in sorted(report["pools"].items())),
+                      highlight=False)
     for r in report["replicas"]:
         if r["stages"]:  # a pipeline-parallel replica: stage 0 is the replica itself
             where = "; ".join(f"stage {s['stage']} rank {s['rank']} on {s['node']} (node {s['node_id'][:8]}, pid "

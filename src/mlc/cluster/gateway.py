@@ -2,13 +2,23 @@
 prefix-affinity router and its response streamed back; `/metrics` answers with all replicas' metrics in one page.
 
 A replica that dies before it starts answering costs nothing: the request goes to another one. One that dies
-mid-stream ends that stream with an error event. Bodies over the server's limit get its 413 here already."""
+mid-stream ends that stream with an error event. Bodies over the server's limit get its 413 here already.
+
+With a prefill/decode layout (`cluster/pd_deploy.py`) the replicas are the decode pool's, and a generation request
+whose prompt reaches the layout's threshold goes first to a prefill replica (non-streaming, `x-mlc-kv-prefill: 1`);
+the KV handle it answers with goes with the client's request to a decode replica, which pulls the pages. A prefill
+that fails or gives no handle leaves the decode replica to compute the prompt. Clients' own `x-mlc-kv-*` headers are
+dropped: only the gateway hands out KV handles."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -17,10 +27,19 @@ from mlc.cluster.affinity import affinity_keys
 from mlc.cluster.asgi_bridge import ForwardedRequest, ResponseStart
 from mlc.cluster.lora_sync import LOAD_PATH, UNLOAD_PATH, record
 from mlc.cluster.metrics_merge import gauge, merge
-from mlc.cluster.replica import REPLICA_APP, REPLICA_DEPLOYMENT
+from mlc.cluster.pd_deploy import (
+    DECODE_APP,
+    DECODE_DEPLOYMENT,
+    PREFILL_APP,
+    PREFILL_DEPLOYMENT,
+    REPLICA_APP,
+    REPLICA_DEPLOYMENT,
+)
+from mlc.cluster.pd_router import CHARS_PER_TOKEN, GENERATION_PATHS, prompt_chars
 from mlc.server.app import MAX_BODY_BYTES, body_limit_message
 from mlc.server.auth import check_authorization
 from mlc.server.errors import error_body
+from mlc.server.pd import HANDLE_HEADER, PREFILL_HEADER
 from mlc.server.protocol.streaming import DONE, sse
 
 log = logging.getLogger("mlc.cluster.gateway")
@@ -30,6 +49,7 @@ GATEWAY_DEPLOYMENT = "MlcGateway"
 HEALTH_PATHS = ("/health", "/ready", "/live")
 HEALTH_WAIT_S = 5.0
 TRIES = 3
+KV_HEADER_PREFIX = b"x-mlc-kv-"
 
 
 def _unavailable(message: str, code: str = "no_replica") -> JSONResponse:
@@ -42,7 +62,14 @@ class Gateway:
 
         from mlc.cluster.registry import STALE_S, get_registry
 
-        self.replicas = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=REPLICA_APP)
+        self.pd = spec.get("pd")  # {"threshold_tokens"} for a prefill/decode layout
+        if self.pd is None:
+            self.replicas = serve.get_deployment_handle(REPLICA_DEPLOYMENT, app_name=REPLICA_APP)
+        else:
+            self.replicas = serve.get_deployment_handle(DECODE_DEPLOYMENT, app_name=DECODE_APP)
+            self.prefill = serve.get_deployment_handle(PREFILL_DEPLOYMENT, app_name=PREFILL_APP)
+        self.routed: Counter[str] = Counter()  # PD: remote, local, fallback
+        self.pool_in_flight: Counter[str] = Counter()
         self.chunk_chars = spec["chunk_chars"]
         self.request_timeout_s = spec["request_timeout_s"]
         self.api_keys = spec["api_keys"]
@@ -61,9 +88,62 @@ class Gateway:
             return JSONResponse(error_body(message, "invalid_request_error", "body", "body_too_large"), 413,
                                 headers={"Connection": "close"})
         affinity = affinity_keys(request.url.path, body, self.chunk_chars)
-        return await self._forward(ForwardedRequest.from_scope(request.scope, body, affinity))
+        fwd = ForwardedRequest.from_scope(request.scope, body, affinity)
+        fwd.headers = [(k, v) for k, v in fwd.headers if not k.lower().startswith(KV_HEADER_PREFIX)]
+        if self.pd is not None:
+            fwd = await self._remote_prefill(fwd)
+        return await self._forward(fwd)
+
+    async def _remote_prefill(self, fwd: ForwardedRequest) -> ForwardedRequest:
+        """A long enough generation request with a prefill replica's KV handle added (or unchanged: the decode replica
+        prefills it itself)."""
+        assert self.pd is not None
+        if fwd.method != "POST" or fwd.path not in GENERATION_PATHS:
+            return fwd
+        try:
+            body = json.loads(fwd.body)
+        except ValueError:
+            return fwd
+        if not isinstance(body, dict) or prompt_chars(body) < self.pd["threshold_tokens"] * CHARS_PER_TOKEN:
+            self.routed["local"] += 1
+            return fwd
+        handle = await self._prefill(fwd, body)
+        self.routed["remote" if handle is not None else "fallback"] += 1
+        if handle is None:
+            return fwd
+        return replace(fwd, headers=[*fwd.headers, (HANDLE_HEADER.encode(), handle)])
+
+    async def _prefill(self, fwd: ForwardedRequest, body: dict) -> bytes | None:
+        raw = json.dumps({**body, "stream": False}).encode()
+        headers = [(k, v) for k, v in fwd.headers if k.lower() != b"content-length"]
+        headers += [(b"content-length", str(len(raw)).encode()), (PREFILL_HEADER.encode(), b"1")]
+        self.pool_in_flight["prefill"] += 1
+        try:
+            # stream=True: a DeploymentResponseGenerator, which Ray's types cannot tell from a DeploymentResponse
+            stream: Any = self.prefill.forward.options(stream=True).remote(replace(fwd, headers=headers, body=raw))
+            start = await asyncio.wait_for(stream.__anext__(), self.request_timeout_s)
+            async for _ in stream:  # the prefill's own answer (its first token) is not the client's
+                pass
+        except Exception as e:  # no prefill replica, or it failed: the decode replica computes the prompt
+            log.warning("prefill of %s failed (%s: %s); the decode replica prefills", fwd.path, type(e).__name__, e)
+            return None
+        finally:
+            self.pool_in_flight["prefill"] -= 1
+        handle = next((v for k, v in start.headers if k.lower() == HANDLE_HEADER.encode()), None)
+        if start.status != 200 or handle is None:
+            log.warning("prefill of %s answered %d without a KV handle; the decode replica prefills", fwd.path,
+                        start.status)
+            return None
+        return handle
 
     async def _forward(self, fwd: ForwardedRequest) -> Response:
+        self.pool_in_flight["decode" if self.pd is not None else "inference"] += 1
+        try:
+            return await self._forward_once(fwd)
+        finally:
+            self.pool_in_flight["decode" if self.pd is not None else "inference"] -= 1
+
+    async def _forward_once(self, fwd: ForwardedRequest) -> Response:
         wait_s = HEALTH_WAIT_S if fwd.path in HEALTH_PATHS else self.request_timeout_s
         last: BaseException | None = None
         for _ in range(TRIES):
@@ -117,6 +197,12 @@ class Gateway:
         if DECISIONS:
             text += gauge("mlc:router_requests", "Requests routed, by prefix-affinity decision.",
                           {(("decision", d),): n for d, n in sorted(DECISIONS.items())}, kind="counter")
+        if self.pd is not None:
+            text += gauge("mlc:pd_requests", "Generation requests by path: prefilled on a prefill replica (remote), "
+                          "on the decode replica (local), or there after a failed prefill (fallback).",
+                          {(("route", k),): self.routed[k] for k in ("remote", "local", "fallback")}, kind="counter")
+            text += gauge("mlc:pd_pool_in_flight", "Requests the gateway has in flight per pool (its queue depth).",
+                          {(("pool", p),): self.pool_in_flight[p] for p in ("prefill", "decode")})
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

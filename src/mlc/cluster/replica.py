@@ -17,8 +17,6 @@ from mlc.cluster.stage_hosts import node_address
 
 log = logging.getLogger("mlc.cluster.replica")
 
-REPLICA_APP = "mlc-replicas"
-REPLICA_DEPLOYMENT = "MlcReplica"
 
 
 class ReplicaServer:
@@ -48,6 +46,7 @@ class ReplicaServer:
             raise ClusterError(f"the replica could not serve {self.config.engine.model}: {self.state.error}")
         self.id = serve.get_replica_context().replica_id.unique_id
         self.node = node_address()
+        self.side = await open_side_channel(self.state, self.node, spec.get("kv_token"))
         self.node_id = ray.get_runtime_context().get_node_id()
         self.started = time.time()
         self.registry = get_registry()
@@ -80,6 +79,7 @@ class ReplicaServer:
             "prefix_cache_queries": stats.prefix_cache_queries if stats else 0,
             "started": self.started, "metrics": self.state.metrics.render().decode(),
             "node_id": self.node_id, "stages": self.stages.nodes() if self.stages is not None else [],
+            "role": self.config.kv_role,
         }
 
     async def _push_loop(self) -> None:
@@ -101,8 +101,26 @@ class ReplicaServer:
                 await self.registry.remove.remote(self.id)
             except Exception:  # the registry is gone too (deploy down): nothing to tidy
                 pass
+        if getattr(self, "side", None) is not None:
+            await self.side.stop()
         if getattr(self, "_lifespan", None) is not None:
             await self._lifespan.__aexit__(None, None, None)
+
+
+async def open_side_channel(state, host: str, token: str | None):
+    """A replica of a prefill/decode layout shares the deployment's token; a prefill replica also serves the
+    connector's routes on its node (`cluster/pd_side.py`) and names that address in its KV handles."""
+    pd = state.pd
+    if token is None or pd is None:
+        return None
+    pd.token = token
+    if pd.role == "decode":
+        return None
+    from mlc.cluster.pd_side import SideChannel
+
+    side = SideChannel(state, host, token)
+    pd.side_url = await side.start()
+    return side
 
 
 def place_stages(spec: dict):

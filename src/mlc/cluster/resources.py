@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 from mlc.config.cluster_config import ClusterConfig, Pool
 
-POOL_RESOURCE: dict[str, str] = {"inference": "mlc_inference", "training": "mlc_training"}
+POOL_RESOURCE: dict[str, str] = {"inference": "mlc_inference", "training": "mlc_training", "prefill": "mlc_prefill",
+                                  "decode": "mlc_decode"}
+ALL_POOLS: tuple[Pool, ...] = ("inference", "training", "prefill", "decode")
+SERVING_POOLS: tuple[Pool, ...] = ("inference", "prefill", "decode")  # pools whose devices run replicas
 VISIBLE_DEVICES = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 DEFAULT_RAY_PORT = 6379
 
@@ -34,18 +37,25 @@ def replica_devices(cluster: ClusterConfig) -> int:
     return cluster.tensor_parallel_size * cluster.pipeline_parallel_size
 
 
-def replica_actor_options(cluster: ClusterConfig, kind: str) -> dict:
+def replica_actor_options(cluster: ClusterConfig, kind: str, pool: Pool = "inference") -> dict:
     """Ray actor options of one serving replica: its CPUs, tensor_parallel_size x pipeline_parallel_size devices,
-    and as many units of the inference pool resource, so that no replica lands on a training device."""
+    and as many units of its pool's resource (inference, or prefill / decode), so that no replica lands on another
+    pool's device."""
     devices = replica_devices(cluster)
     acc = accelerator_resources(kind, devices)
     options: dict = {"num_cpus": cluster.serving.cpus_per_replica,
-                     "resources": {POOL_RESOURCE["inference"]: devices, **{k: v for k, v in acc.items() if k != "GPU"}}}
+                     "resources": {POOL_RESOURCE[pool]: devices, **{k: v for k, v in acc.items() if k != "GPU"}}}
     if "GPU" in acc:
         options["num_gpus"] = acc["GPU"]
     if cluster.env:
         options["runtime_env"] = {"env_vars": dict(cluster.env)}
     return options
+
+
+def pool_replicas(cluster: ClusterConfig, pool: Pool) -> int:
+    """Replicas a serving pool runs: data_parallel_size for `inference`; as many as its devices hold for the
+    prefill and decode pools of a PD layout."""
+    return cluster.replicas if pool == "inference" else cluster.pool_size(pool) // replica_devices(cluster)
 
 
 def replica_bundles(cluster: ClusterConfig, kind: str) -> list[dict[str, float]] | None:
@@ -80,10 +90,10 @@ def worker_resources(cluster: ClusterConfig, kind: str) -> dict[str, float]:
 
 
 def needed(cluster: ClusterConfig, kind: str, pool: Pool) -> dict[str, float]:
-    """Totals the whole deployment (inference) or the whole training job asks Ray for."""
-    if pool == "inference":
-        n, per = cluster.replicas, replica_devices(cluster)
-        return {"CPU": n * cluster.serving.cpus_per_replica, POOL_RESOURCE["inference"]: n * per,
+    """Totals a serving pool's replicas (inference, prefill or decode) or the whole training job ask Ray for."""
+    if pool in SERVING_POOLS:
+        n, per = pool_replicas(cluster, pool), replica_devices(cluster)
+        return {"CPU": n * cluster.serving.cpus_per_replica, POOL_RESOURCE[pool]: n * per,
                 **accelerator_resources(kind, n * per)}
     n = cluster.training.workers
     return {k: v * n for k, v in worker_resources(cluster, kind).items()}
@@ -130,7 +140,7 @@ def raylets(cluster: ClusterConfig, kind: str) -> list[Raylet]:
     """The raylets the cluster needs, the head first (on the first node)."""
     out: list[Raylet] = []
     for node in cluster.nodes:
-        by_pool = {POOL_RESOURCE[p]: cluster.pool_devices(p).get(node.host, []) for p in ("inference", "training")}
+        by_pool = {POOL_RESOURCE[p]: cluster.pool_devices(p).get(node.host, []) for p in ALL_POOLS}
         by_pool = {name: ids for name, ids in by_pool.items() if ids}
         if not by_pool:
             continue
@@ -160,7 +170,7 @@ def check_local_devices(cluster: ClusterConfig, kind: str) -> None:
     npu_count = torch.npu.device_count() if kind != "cuda" and npu_available() else 0  # type: ignore[attr-defined]
     count = torch.cuda.device_count() if kind == "cuda" else npu_count
     host = cluster.nodes[0].host
-    ids = sorted({i for p in ("inference", "training") for i in cluster.pool_devices(p).get(host, [])})
+    ids = sorted({i for p in ALL_POOLS for i in cluster.pool_devices(p).get(host, [])})
     if ids and ids[-1] >= count:
         raise ClusterError(f"the cluster config gives this machine ({host}) {kind} devices {ids}, but it has "
                            f"{count}; list only devices 0..{count - 1} in nodes/pools, "

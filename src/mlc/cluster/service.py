@@ -14,17 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlc.cluster import ray_runtime
+from mlc.cluster.pd_deploy import ALL_REPLICA_APPS, ReplicaApp, gateway_pd, kv_token, pool_spec, replica_apps
 from mlc.cluster.resources import (
     bundle_actor_options,
     device_kind,
     needed,
+    pool_replicas,
     rank_share,
     replica_actor_options,
     replica_bundles,
 )
 from mlc.config.cluster_config import ClusterConfig
 from mlc.config.serve_config import ServeConfig
-from mlc.errors import ClusterError, ConfigError
+from mlc.errors import ClusterError
 
 Progress = Callable[[str], None]
 POLL_S = 1.0
@@ -57,20 +59,21 @@ def replica_serve_config(cluster: ClusterConfig, serve: ServeConfig, kind: str) 
     return serve.model_copy(update={"engine": engine})
 
 
-def _replica_app(cluster: ClusterConfig, spec: dict, kind: str):
+def _replica_app(cluster: ClusterConfig, spec: dict, kind: str, app: ReplicaApp):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from mlc.cluster.replica import REPLICA_DEPLOYMENT, ReplicaServer
+    from mlc.cluster.replica import ReplicaServer
     from mlc.cluster.router import PrefixAffinityRouter
 
     s = cluster.serving
     options = dict(
-        name=REPLICA_DEPLOYMENT, num_replicas=cluster.replicas, max_ongoing_requests=s.max_ongoing_requests,
-        ray_actor_options=replica_actor_options(cluster, kind), health_check_period_s=s.health_check_period_s,
+        name=app.deployment, num_replicas=pool_replicas(cluster, app.pool), max_ongoing_requests=s.max_ongoing_requests,
+        ray_actor_options=replica_actor_options(cluster, kind, app.pool), health_check_period_s=s.health_check_period_s,
         health_check_timeout_s=max(30.0, 2 * s.health_check_period_s),
         graceful_shutdown_timeout_s=spec["serve"]["shutdown_grace_s"], graceful_shutdown_wait_loop_s=0.5,
     )
+    spec = pool_spec(spec, cluster, app.pool)
     bundles = replica_bundles(cluster, kind)
     if bundles is not None:
         # one bundle a pipeline stage, the replica itself (stage 0) in the first; PACK: one node when one holds the
@@ -86,6 +89,20 @@ def _replica_app(cluster: ClusterConfig, spec: dict, kind: str):
     # serve.deployment(cls) returns a Deployment; Ray annotates it as always returning the decorator
     deployment = serve.deployment(ReplicaServer, **one_at_a_time())
     return deployment.options(**options).bind(spec)  # type: ignore[attr-defined]
+
+
+def run_replica_apps(cluster: ClusterConfig, spec: dict, kind: str, progress: Progress) -> None:
+    """Deploy (or roll) every replica application of the layout, then wait until each runs."""
+    from ray import serve
+
+    apps = replica_apps(cluster)
+    for app in apps:
+        serve._run(_replica_app(cluster, spec, kind, app), _blocking=False, name=app.app, route_prefix=None)
+    for app in apps:
+        wait_running(app.app, cluster.serving.startup_timeout_s, progress)
+    for name in set(ALL_REPLICA_APPS) - {a.app for a in apps}:  # a roll from the other layout: its replicas go
+        if name in serve.status().applications:
+            serve.delete(name)
 
 
 def one_at_a_time() -> dict:
@@ -165,11 +182,7 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
 
     from mlc.cluster.gateway import GATEWAY_APP
     from mlc.cluster.registry import get_registry
-    from mlc.cluster.replica import REPLICA_APP
 
-    if cluster.pd is not None or "prefill" in (cluster.pools or {}):
-        raise ConfigError("deploy does not launch a prefill/decode layout on Ray yet: start `mlc-cli serve --kv-role "
-                          "prefill` and `--kv-role decode` instances and `mlc-cli pd-router` in front of them")
     kind = device_kind(cluster)
     notes = _preflight(cluster, kind)
     t0 = time.monotonic()
@@ -178,18 +191,21 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
         progress(f"started a Ray head on this machine ({conn.address.text})")
     registry = previous = None
     try:
-        ray_runtime.check_resources(needed(cluster, kind, "inference"), f"{cluster.replicas} replica(s)")
+        for app in replica_apps(cluster):
+            ray_runtime.check_resources(needed(cluster, kind, app.pool),
+                                        f"{pool_replicas(cluster, app.pool)} replica(s) of the {app.pool} pool")
         serve.start(http_options={"host": cluster.host, "port": cluster.port}, proxy_location="HeadOnly")
         registry = get_registry(create=True)
         previous = ray.get(registry.spec.remote())
         config = replica_serve_config(cluster, serve_cfg, kind)
         spec = {"serve": config.model_dump(mode="json"), "hooks": hooks or {},
-                "generation": (previous or {}).get("generation", 0) + 1, "push_s": 1.0}
-        progress(f"{'rolling' if previous else 'starting'} {cluster.replicas} replica(s) of {config.engine.model}")
-        serve._run(_replica_app(cluster, spec, kind), _blocking=False, name=REPLICA_APP, route_prefix=None)
-        wait_running(REPLICA_APP, cluster.serving.startup_timeout_s, progress)
+                "generation": (previous or {}).get("generation", 0) + 1, "push_s": 1.0,
+                "kv_token": kv_token(cluster, previous)}
+        counts = ", ".join(f"{pool_replicas(cluster, a.pool)} {a.pool}" for a in replica_apps(cluster))
+        progress(f"{'rolling' if previous else 'starting'} replicas ({counts}) of {config.engine.model}")
+        run_replica_apps(cluster, spec, kind, progress)
         gateway_spec = {"chunk_chars": cluster.serving.affinity_chunk_chars, "api_keys": config.api_keys,
-                        "request_timeout_s": config.request_timeout_s}
+                        "request_timeout_s": config.request_timeout_s, "pd": gateway_pd(cluster)}
         if (previous is None or previous.get("gateway") != gateway_spec
                 or GATEWAY_APP not in serve.status().applications):
             serve._run(_gateway_app(gateway_spec), _blocking=False, name=GATEWAY_APP, route_prefix="/")
@@ -204,7 +220,8 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
         raise ClusterError(f"deploy failed: {type(e).__name__}: {e}") from e
     return DeployResult(
         endpoint=endpoint, model=config.engine.model, adapters=sorted(config.engine.lora_adapters),
-        replicas=cluster.replicas, generation=spec["generation"], rolled=previous is not None,
+        replicas=sum(pool_replicas(cluster, a.pool) for a in replica_apps(cluster)), generation=spec["generation"],
+        rolled=previous is not None,
         seconds_to_healthy=time.monotonic() - t0, started_head=conn.started_here, notes=notes)
 
 
@@ -243,16 +260,13 @@ def _recover(cluster, kind, conn, registry, previous, progress: Progress) -> Non
     from ray import serve
 
     from mlc.cluster.gateway import GATEWAY_APP
-    from mlc.cluster.replica import REPLICA_APP
 
     try:
         if previous is not None:
             progress("the new replicas failed: putting the previous ones back")
-            old = ClusterConfig(**previous["cluster"])
-            serve._run(_replica_app(old, previous, kind), _blocking=False, name=REPLICA_APP, route_prefix=None)
-            wait_running(REPLICA_APP, old.serving.startup_timeout_s, progress)
+            run_replica_apps(ClusterConfig(**previous["cluster"]), previous, kind, progress)
             return
-        for app in (GATEWAY_APP, REPLICA_APP):
+        for app in (GATEWAY_APP, *ALL_REPLICA_APPS):
             if app in serve.status().applications:
                 serve.delete(app)
         if registry is not None:
@@ -273,18 +287,17 @@ def down(cluster: ClusterConfig) -> list[str]:
 
     from mlc.cluster.gateway import GATEWAY_APP
     from mlc.cluster.registry import get_registry
-    from mlc.cluster.replica import REPLICA_APP
 
     address = ray_runtime.parse_address(cluster)
     done: list[str] = []
     if ray_runtime.reachable(address.text):
         ray_runtime.connect(cluster, device_kind(cluster), start=False)
         apps = serve.status().applications
-        for app in (GATEWAY_APP, REPLICA_APP):
+        for app in (GATEWAY_APP, *ALL_REPLICA_APPS):
             if app in apps:
                 serve.delete(app)
                 done.append(f"deleted Serve application {app}")
-        if not set(serve.status().applications) - {GATEWAY_APP, REPLICA_APP}:
+        if not set(serve.status().applications) - {GATEWAY_APP, *ALL_REPLICA_APPS}:
             serve.shutdown()
         registry = get_registry()
         if registry is not None:

@@ -15,8 +15,8 @@ def status(cluster: ClusterConfig) -> dict:
     from ray import serve
 
     from mlc.cluster.gateway import GATEWAY_APP
+    from mlc.cluster.pd_deploy import ALL_REPLICA_APPS
     from mlc.cluster.registry import STALE_S, get_registry
-    from mlc.cluster.replica import REPLICA_APP
 
     address = ray_runtime.parse_address(cluster)
     if not ray_runtime.reachable(address.text):
@@ -39,13 +39,18 @@ def status(cluster: ClusterConfig) -> dict:
         replicas.append({k: s[k] for k in ("id", "node", "pid", "generation", "model", "adapters", "in_flight",
                                            "running", "waiting", "kv_cache_usage", "prefix_cache_hits",
                                            "prefix_cache_queries")}
-                        | {"health": health, "node_id": s.get("node_id", ""), "stages": s.get("stages", [])})
+                        | {"health": health, "node_id": s.get("node_id", ""), "stages": s.get("stages", []),
+                           "role": s.get("role", "both")})
+    pools: dict[str, int] = {}  # requests in flight per role (the queue depth of each pool of a PD layout)
+    for r in replicas:
+        pools[r["role"]] = pools.get(r["role"], 0) + r["in_flight"] + r["waiting"]
     return {
         "endpoint": f"http://{cluster.host}:{cluster.port}",
         "ray_address": cluster.ray_address,
         "applications": {name: {"status": getattr(a.status, "value", str(a.status)), "message": a.message}
-                         for name, a in apps.items() if name in (GATEWAY_APP, REPLICA_APP)},
+                         for name, a in apps.items() if name in (GATEWAY_APP, *ALL_REPLICA_APPS)},
         "replicas": replicas,
+        "pools": pools,
         "deployed": None if spec is None else {
             "generation": spec["generation"], "model": spec["serve"]["engine"]["model"],
             "adapters": sorted(spec["serve"]["engine"]["lora_adapters"]),

@@ -44,6 +44,7 @@ log = logging.getLogger("mlc.server")
 
 PREFILL_HEADER = "x-mlc-kv-prefill"
 HANDLE_HEADER = "x-mlc-kv-handle"
+TOKEN_HEADER = "x-mlc-kv-token"  # a deployment's side channel (cluster/pd_side.py): the token its replicas share
 ROLES = ("both", "prefill", "decode")
 
 
@@ -97,6 +98,8 @@ class PD:
 
     def __init__(self, role: str, host: str, timeout: float) -> None:
         self.role, self.host = role, host
+        self.side_url: str | None = None  # where decode instances pull from, when not this server's own URL
+        self.token: str | None = None  # sent with every pull and release (a deployment's side channel checks it)
         self._sender: KVSender | None = None
         self.receiver = KVReceiver(advertised_host(host), timeout) if role in ("decode", "both") else None
         self.timeout = timeout
@@ -119,7 +122,8 @@ class PD:
         if not handle.address or not handle.store:
             raise ValueError("the KV handle names no prefill instance")
         num_bytes = engine.submit(lambda e: pack_bytes(e.kv_cache, len(pending.src_pages))).result(self.timeout)
-        with self.receiver.lock(handle.store), httpx.Client(timeout=self.timeout) as client:
+        headers = {TOKEN_HEADER: self.token} if self.token else {}
+        with self.receiver.lock(handle.store), httpx.Client(timeout=self.timeout, headers=headers) as client:
             tag = self.receiver.next_tag()
             r = client.post(f"{handle.address}/v1/kv/pull", json={
                 "request_id": handle.request_id, "pair": self.receiver.pair_id(handle.store), "tag": tag,
@@ -190,6 +194,8 @@ async def finish_prefill(state: ServerState, request_id: str) -> None:
     handle = await asyncio.wrap_future(loaded_engine(state).submit(lambda e: e.kv_handle(request_id)))
     if handle is not None:
         handle.store = pd.sender.address
+        if pd.side_url:  # a deployed replica: decode replicas reach it there, not through the gateway
+            handle.address = pd.side_url
         exchange.handle_out = handle.to_dict()
 
 

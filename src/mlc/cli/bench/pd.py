@@ -56,9 +56,11 @@ def register(bench_app: typer.Typer) -> None:
     @pd_app.command("ab")
     def ab(
         model: Annotated[str, typer.Option("--model")] = "smollm2-135m-instruct",
-        duration: Annotated[float, typer.Option("--duration", help="Seconds of load per run (4 runs).")] = 60.0,
+        duration: Annotated[float, typer.Option("--duration", help="Seconds of load per run (two layouts, each "
+                                                "without long prompts and at each --long-rate).")] = 60.0,
         chat_rate: Annotated[float, typer.Option("--chat-rate", help="Short chats per second.")] = 1.0,
-        long_rate: Annotated[float, typer.Option("--long-rate", help="Long prompts per second (Poisson).")] = 0.1,
+        long_rate: Annotated[str, typer.Option("--long-rate", help="Long prompts per second (Poisson); a list such "
+                                               "as 0.05,0.1,0.2 runs each (and always a run without).")] = "0.1",
         long_tokens: Annotated[int, typer.Option("--long-tokens")] = 4096,
         chat_max_tokens: Annotated[int, typer.Option("--chat-max-tokens")] = 64,
         threshold: Annotated[int, typer.Option("--threshold", help="The PD router's remote-prefill threshold "
@@ -67,12 +69,14 @@ def register(bench_app: typer.Typer) -> None:
                                                      "of each layout, e.g. 0-7 (default: all).")] = None,
         log_dir: Annotated[Path, typer.Option("--log-dir")] = Path("bench-pd-logs"),
         json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the reports as JSON.")] = None,
+        plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the short chats' TPOT p99 "
+                                                     "against the share of long prompts.")] = None,
     ) -> None:
         """2 colocated replicas vs 1 prefill + 1 decode instance, at equal cores: short chats alone, then with
-        Poisson long prompts; the short chats' decode TPOT p99 per layout."""
+        Poisson long prompts at each rate; the short chats' decode TPOT p99 per layout."""
         from dataclasses import asdict
 
-        from mlc.bench.pd import ABConfig, run_ab
+        from mlc.bench.pd import ABConfig, ab_plot, long_share, run_ab
         from mlc.errors import ConfigError
 
         ids: list[int] = []
@@ -83,12 +87,19 @@ def register(bench_app: typer.Typer) -> None:
                     ids += list(range(int(lo), int(hi or lo) + 1))
                 except ValueError:
                     raise ConfigError(f"--cores {cores!r}: give CPU ids like 0-7 or 0,2,4") from None
-        cfg = ABConfig(model, duration, chat_rate, long_rate, long_tokens, chat_max_tokens, threshold)
+        try:
+            rates = [float(x) for x in long_rate.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--long-rate {long_rate!r}: give prompts per second, e.g. 0.1 or 0.05,0.1,0.2") from None
+        if not rates or any(r <= 0 for r in rates):
+            raise ConfigError(f"--long-rate {long_rate!r}: give one or more rates above 0 (a run without long "
+                              "prompts is always made)")
+        cfg = ABConfig(model, duration, chat_rate, rates, long_tokens, chat_max_tokens, threshold)
         if ids:
             cfg.cores = ids
         t = Table(title=f"bench pd ab: {model}, chats {chat_rate}/s x {chat_max_tokens} tokens, long prompts "
                         f"{long_tokens} tokens at {long_rate}/s, {duration:.0f}s per run")
-        for col in ("layout", "long/s", "chats", "longs", "errors", "chat TPOT p50 ms", "chat TPOT p99 ms",
+        for col in ("layout", "long/s", "long %", "chats", "longs", "errors", "chat TPOT p50 ms", "chat TPOT p99 ms",
                     "p99 vs no long", "chat TTFT p50 ms", "chat TTFT p99 ms", "long TTFT p50 ms", "out tok/s"):
             t.add_column(col, justify="right")
         base: dict[str, float] = {}
@@ -97,7 +108,8 @@ def register(bench_app: typer.Typer) -> None:
             if r.long_rate == 0:
                 base[r.layout] = r.chat_tpot_p99_ms
             ratio = r.chat_tpot_p99_ms / base[r.layout] if base.get(r.layout) else float("nan")
-            t.add_row(r.layout, f"{r.long_rate:g}", str(r.chats), str(r.longs), str(r.errors),
+            t.add_row(r.layout, f"{r.long_rate:g}", f"{100 * long_share(r):.0f}", str(r.chats), str(r.longs),
+                      str(r.errors),
                       f"{r.chat_tpot_p50_ms:.1f}", f"{r.chat_tpot_p99_ms:.1f}", f"{ratio:.2f}x",
                       f"{r.chat_ttft_p50_ms:.0f}", f"{r.chat_ttft_p99_ms:.0f}", f"{r.long_ttft_p50_ms:.0f}",
                       f"{r.output_tok_s:.1f}")
@@ -108,5 +120,8 @@ def register(bench_app: typer.Typer) -> None:
         if json_out:
             json_out.write_text(json.dumps([asdict(r) for r in reports], indent=2))
             console.print(f"wrote {json_out}")
+        if plot:
+            ab_plot(reports, plot, f"{model}: chats {chat_rate}/s, long prompts of {long_tokens} tokens")
+            console.print(f"wrote {plot}")
 
     bench_app.add_typer(pd_app, name="pd")
