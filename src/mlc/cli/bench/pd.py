@@ -114,6 +114,8 @@ def register(bench_app: typer.Typer) -> None:
                       f"{r.chat_ttft_p50_ms:.0f}", f"{r.chat_ttft_p99_ms:.0f}", f"{r.long_ttft_p50_ms:.0f}",
                       f"{r.output_tok_s:.1f}")
             console.print(f"{r.layout} long/s={r.long_rate:g}: chat TPOT p99 {r.chat_tpot_p99_ms:.1f} ms")
+            if r.errors:
+                console.print(f"[yellow]{r.errors} request(s) failed[/]; the first: {r.first_error}", highlight=False)
 
         reports = run_ab(cfg, log_dir, show)
         console.print(t)
