@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -19,8 +20,8 @@ from tests.support.server_process import MODEL, free_port
 
 pytestmark = pytest.mark.slow
 
-LONG = ("Dear support team, I ordered a blue kettle three weeks ago and it has still not arrived; the tracking page "
-        "has said 'in transit' for ten days. Could you tell me where it is, and whether I can get a refund?")
+LONG = ("The river flows from the mountains in the north, through three old towns and a wide green valley, past farms, "
+        "mills and bridges, until at last it reaches the sea. Along the way it")  # 12 tokens on, no early end
 SHORT = "Hi!"
 NEW_TOKENS = 12
 
@@ -57,7 +58,9 @@ def one_process() -> dict[str, list[int]]:
 
     llm = LLM(MODEL, kv_cache_memory="32MiB", max_seq_len=512)
     outs = llm.generate([LONG, SHORT], SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS))
-    return {LONG: list(outs[0].outputs[0].token_ids), SHORT: list(outs[1].outputs[0].token_ids)}
+    tokens = {LONG: list(outs[0].outputs[0].token_ids), SHORT: list(outs[1].outputs[0].token_ids)}
+    assert len(tokens[LONG]) == NEW_TOKENS  # the decode replica continues past the prefill's first token
+    return tokens
 
 
 def generate(url: str, prompt: str, **headers: str) -> list[int]:
@@ -75,10 +78,16 @@ def test_a_long_prompt_prefills_on_the_prefill_replica_and_decodes_the_same_toke
     config, url, env = deployed
     assert generate(url, LONG) == one_process[LONG]
     assert generate(url, SHORT) == one_process[SHORT]
-    text = httpx.get(url + "/metrics", timeout=30).text
+    deadline = time.monotonic() + 15  # replicas post their metrics to the gateway every second
+    while True:
+        text = httpx.get(url + "/metrics", timeout=30).text
+        if metric(text, "mlc:kv_transfer_received_bytes_total") > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert 'mlc:pd_requests_total{route="remote"} 1' in text and 'mlc:pd_requests_total{route="local"} 1' in text
-    assert metric(text, "mlc:kv_transfer_received_bytes_total") > 0  # the pages came over the side channel
-    assert metric(text, "mlc:kv_transfer_recomputed_total") == 0
+    kv = "\n".join(line for line in text.splitlines() if "kv_transfer" in line or "kv_lease" in line)
+    assert metric(text, "mlc:kv_transfer_received_bytes_total") > 0, kv  # the pages came over the side channel
+    assert metric(text, "mlc:kv_transfer_imports_total") == 1 and metric(text, "mlc:kv_transfer_recomputed_total") == 0
 
 
 def test_a_clients_own_kv_handle_is_dropped(deployed, one_process):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
+from mlc.config.cluster_config import ClusterConfig
 from mlc.config.engine_config import EngineConfig
 from mlc.distributed.checks import check_pipeline_parallel
 from mlc.engine.pp_stage import split_layers, stage_ranges
@@ -165,10 +166,42 @@ def test_stages_may_span_nodes():
                       tensor_parallel_size=4)
 
 
-def test_ranks_without_device_isolation_take_their_nodes_devices_in_rank_order():
-    """Where Ray gives an actor no device of its own (Ascend's NPU resource), the ranks on a node count off its
-    devices after the replica's own (device 0 on the replica's node)."""
-    from mlc.cluster.stage_hosts import node_device_index
 
-    nodes = {1: "a", 2: "b", 3: "b", 4: "a", 5: "c"}  # the replica (rank 0) is on "a"
-    assert [node_device_index(r, nodes, "a") for r in (1, 2, 3, 4, 5)] == [1, 0, 1, 2, 0]
+def test_nodes_that_cannot_hold_every_stage_bundle_are_refused_before_anything_starts():
+    """Three devices a node hold one stage of two TP ranks each: three stages need three nodes, not two."""
+    from mlc.cluster.service import stage_note
+    from mlc.errors import ClusterError
+
+    cfg = ClusterConfig(model="m", hardware="cpu", nodes=["a", "b"], devices_per_node=3, pipeline_parallel_size=3,
+                        tensor_parallel_size=2)
+    with pytest.raises(ClusterError, match="need 3 groups of 2 inference devices on one node, and the nodes hold 2"):
+        stage_note(cfg)
+
+
+def test_a_prefill_decode_layout_with_parallel_instances_is_refused_before_anything_starts():
+    from mlc.cluster.service import _preflight
+    from mlc.errors import ClusterError
+
+    pools = {"prefill": [{"host": "a", "devices": [0, 1]}], "decode": [{"host": "a", "devices": [2, 3]}]}
+    cfg = ClusterConfig(model="m", hardware="cpu", nodes=[{"host": "a", "devices": [0, 1, 2, 3]}],
+                        devices_per_node=4, tensor_parallel_size=2, pools=pools)
+    with pytest.raises(ClusterError, match="instances run one process each: set tensor_parallel_size"):
+        _preflight(cfg, "cpu")
+
+
+@pytest.mark.parametrize("token, ok", [("the-token", True), ("not-it", False)])
+def test_the_control_port_unpickles_nothing_before_the_token_is_shown(token, ok, monkeypatch):
+    import socket
+    import threading
+
+    from mlc.engine import tp_worker
+    from mlc.engine.tp_group import _greet
+
+    server = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv("MLC_TP_TOKEN", token)
+    worker = threading.Thread(target=lambda: tp_worker._connect("127.0.0.1", server.getsockname()[1], 3))
+    worker.start()
+    greeted = _greet(server.accept()[0], b"the-token")
+    worker.join()
+    server.close()
+    assert (greeted is not None and greeted[0] == 3) == ok

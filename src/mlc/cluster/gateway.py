@@ -137,13 +137,6 @@ class Gateway:
         return handle
 
     async def _forward(self, fwd: ForwardedRequest) -> Response:
-        self.pool_in_flight["decode" if self.pd is not None else "inference"] += 1
-        try:
-            return await self._forward_once(fwd)
-        finally:
-            self.pool_in_flight["decode" if self.pd is not None else "inference"] -= 1
-
-    async def _forward_once(self, fwd: ForwardedRequest) -> Response:
         wait_s = HEALTH_WAIT_S if fwd.path in HEALTH_PATHS else self.request_timeout_s
         last: BaseException | None = None
         for _ in range(TRIES):
@@ -166,6 +159,7 @@ class Gateway:
             if fwd.path in (LOAD_PATH, UNLOAD_PATH):  # every replica follows a successful one
                 await record(self.registry, fwd.path, fwd.body, start.status)
             headers = [h for h in start.headers] + [(b"x-mlc-replica", start.replica.encode())]
+            self.pool_in_flight["decode"] += 1  # until its body ends (only reported for a PD layout)
             response = StreamingResponse(self._body(stream, start), status_code=start.status)
             response.raw_headers = headers
             return response
@@ -185,6 +179,7 @@ class Gateway:
                 yield sse(error_body(message, "service_unavailable", None, "replica_failed")).encode()
                 yield DONE.encode()
         finally:
+            self.pool_in_flight["decode"] -= 1
             if not finished:
                 stream.cancel()
 

@@ -38,18 +38,22 @@ class SideChannel:
 
         @app.middleware("http")
         async def check_token(request: Request, call_next):
-            if not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), self.token):
+            given = request.headers.get(TOKEN_HEADER, "").encode("latin-1", "replace")
+            if not hmac.compare_digest(given, self.token.encode()):
                 return JSONResponse(error_body("not a replica of this deployment", "authentication_error", None,
                                                "kv_token"), 403)
             return await call_next(request)
 
-        sock = socket.create_server((self.host, 0))
-        self.url = f"http://{self.host}:{sock.getsockname()[1]}"
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, 0), family=family)
+        shown = f"[{self.host}]" if family == socket.AF_INET6 else self.host
+        self.url = f"http://{shown}:{sock.getsockname()[1]}"
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started and not self._task.done():
             await asyncio.sleep(0.05)
         if self._task.done():
+            sock.close()
             raise RuntimeError(f"the KV side channel did not start on {self.host}: {self._task.exception()}")
         log.info("KV side channel on %s", self.url)
         return self.url

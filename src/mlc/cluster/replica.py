@@ -33,6 +33,8 @@ class ReplicaServer:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.config = ServeConfig(**spec["serve"])
+        if spec.get("kv_token"):  # prefill/decode: the KV sender's store and receivers listen on this node's address
+            self.config = self.config.model_copy(update={"host": node_address()})
         self.stages = place_stages(spec)
         self.generation = spec.get("generation", 0)
         self.app = create_app(self.config, HooksConfig(**spec.get("hooks", {})))

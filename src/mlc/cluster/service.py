@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlc.cluster import ray_runtime
-from mlc.cluster.pd_deploy import ALL_REPLICA_APPS, ReplicaApp, gateway_pd, kv_token, pool_spec, replica_apps
+from mlc.cluster.pd_deploy import (
+    ALL_REPLICA_APPS,
+    ReplicaApp,
+    gateway_pd,
+    is_pd,
+    kv_token,
+    pool_spec,
+    replica_apps,
+)
 from mlc.cluster.resources import (
     bundle_actor_options,
     device_kind,
@@ -100,7 +108,13 @@ def run_replica_apps(cluster: ClusterConfig, spec: dict, kind: str, progress: Pr
         serve._run(_replica_app(cluster, spec, kind, app), _blocking=False, name=app.app, route_prefix=None)
     for app in apps:
         wait_running(app.app, cluster.serving.startup_timeout_s, progress)
-    for name in set(ALL_REPLICA_APPS) - {a.app for a in apps}:  # a roll from the other layout: its replicas go
+
+
+def drop_other_layout(cluster: ClusterConfig) -> None:
+    """After a roll from the other layout (plain replicas <-> prefill/decode) has its gateway: the old replicas go."""
+    from ray import serve
+
+    for name in set(ALL_REPLICA_APPS) - {a.app for a in replica_apps(cluster)}:
         if name in serve.status().applications:
             serve.delete(name)
 
@@ -192,8 +206,9 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
     registry = previous = None
     try:
         for app in replica_apps(cluster):
+            where = "" if app.pool == "inference" else f" of the {app.pool} pool"
             ray_runtime.check_resources(needed(cluster, kind, app.pool),
-                                        f"{pool_replicas(cluster, app.pool)} replica(s) of the {app.pool} pool")
+                                        f"{pool_replicas(cluster, app.pool)} replica(s){where}")
         serve.start(http_options={"host": cluster.host, "port": cluster.port}, proxy_location="HeadOnly")
         registry = get_registry(create=True)
         previous = ray.get(registry.spec.remote())
@@ -210,6 +225,7 @@ def deploy(cluster: ClusterConfig, serve_cfg: ServeConfig, hooks: dict | None = 
                 or GATEWAY_APP not in serve.status().applications):
             serve._run(_gateway_app(gateway_spec), _blocking=False, name=GATEWAY_APP, route_prefix="/")
             wait_running(GATEWAY_APP, 120.0, progress)
+        drop_other_layout(cluster)
         endpoint = f"http://{'127.0.0.1' if cluster.host in ('0.0.0.0', '::') else cluster.host}:{cluster.port}"
         wait_endpoint(endpoint, 60.0)
         ray.get(registry.set_spec.remote({**spec, "gateway": gateway_spec, "cluster": cluster.model_dump(mode="json")}))
@@ -229,6 +245,10 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
     """Problems found before anything starts (ClusterError), and notes for the user."""
     notes = []
     pp = cluster.pipeline_parallel_size
+    if is_pd(cluster) and cluster.tensor_parallel_size * pp > 1:
+        raise ClusterError("a prefill/decode layout moves one process's KV pages, and its instances run one process "
+                           "each: set tensor_parallel_size and pipeline_parallel_size to 1 (or serve without pools "
+                           "prefill/decode)")
     if pp > 1:
         notes.append(stage_note(cluster))
     if cluster.tensor_parallel_size > 1:
@@ -242,11 +262,17 @@ def _preflight(cluster: ClusterConfig, kind: str) -> list[str]:
 
 
 def stage_note(cluster: ClusterConfig) -> str:
-    """Where a pipeline-parallel replica's stages go (the cluster config has already refused a layout whose devices
-    it does not hold, or whose tensor-parallel ranks would span nodes)."""
+    """Where a pipeline-parallel replica's stages go; ClusterError when the nodes cannot hold every replica's stage
+    bundles (tensor_parallel_size devices of one node each), which Ray would otherwise wait for forever."""
     pp, tp = cluster.pipeline_parallel_size, cluster.tensor_parallel_size
-    per_node = cluster.pool_devices("inference")
-    most = max((len(ids) for ids in per_node.values()), default=tp)
+    per_node = [len(ids) for ids in cluster.pool_devices("inference").values()]
+    holds = sum(n // tp for n in per_node)  # stage bundles the nodes hold
+    if holds < pp * cluster.replicas:
+        raise ClusterError(f"{cluster.replicas} replica(s) of {pp} pipeline stages need {pp * cluster.replicas} "
+                           f"groups of {tp} inference devices on one node, and the nodes hold {holds} "
+                           f"({', '.join(map(str, per_node))} devices); lower pipeline_parallel_size or "
+                           "data_parallel_size, or give the nodes devices in multiples of tensor_parallel_size")
+    most = max(per_node, default=tp)
     fit = most // tp  # stages a node holds
     where = "one node" if pp <= fit else f"{-(-pp // fit)} nodes or more (at most {fit} stages a node)"
     each = f"{tp} devices of one node" if tp > 1 else "one device"
@@ -264,7 +290,11 @@ def _recover(cluster, kind, conn, registry, previous, progress: Progress) -> Non
     try:
         if previous is not None:
             progress("the new replicas failed: putting the previous ones back")
-            run_replica_apps(ClusterConfig(**previous["cluster"]), previous, kind, progress)
+            old = ClusterConfig(**previous["cluster"])
+            run_replica_apps(old, previous, kind, progress)
+            if previous.get("gateway") is not None:  # it may have been rolled onto the new layout already
+                serve._run(_gateway_app(previous["gateway"]), _blocking=False, name=GATEWAY_APP, route_prefix="/")
+            drop_other_layout(old)
             return
         for app in (GATEWAY_APP, *ALL_REPLICA_APPS):
             if app in serve.status().applications:

@@ -39,14 +39,6 @@ def node_address() -> str:
     return next(found, ray.util.get_node_ip_address())
 
 
-def node_device_index(rank: int, node_of: dict[int, str], replica_node: str) -> int:
-    """Rank's accelerator index on its node where Ray does not give each actor its own device (Ascend's NPU is a
-    custom resource to Ray): the ranks on one node take its devices in rank order, after the replica's own (device 0,
-    where the replica runs)."""
-    node = node_of[rank]
-    return (node == replica_node) + sum(1 for r, n in node_of.items() if n == node and r < rank)
-
-
 class StageHost:
     """A Ray actor in one stage's bundle: starts that stage's process on its node and answers for it."""
 
@@ -157,10 +149,9 @@ class RayStageLauncher:
         return self.placed[rank]
 
     def device_index(self, rank: int) -> int:
-        if "GPU" in self.bundles[0]:
-            return 0  # Ray gives each host one GPU of its bundle: the process sees only that one
-        _, node = self._place(rank)
-        return node_device_index(rank, {r: n for r, (_, n) in self.placed.items()}, self.node_id)
+        # Ray gives each host one device of its bundle (CUDA_VISIBLE_DEVICES, or ASCEND_RT_VISIBLE_DEVICES for the
+        # NPU resource), which its process then sees as device 0
+        return 0
 
     def start(self, rank: int, args: list[str], env: dict[str, str]) -> Launched:
         import ray
@@ -191,3 +182,4 @@ class RayStageLauncher:
                 ray.kill(host)
             except Exception:  # already gone with its node
                 pass
+        self.placed.clear()

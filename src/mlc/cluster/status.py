@@ -54,5 +54,14 @@ def status(cluster: ClusterConfig) -> dict:
         "deployed": None if spec is None else {
             "generation": spec["generation"], "model": spec["serve"]["engine"]["model"],
             "adapters": sorted(spec["serve"]["engine"]["lora_adapters"]),
-            "replicas": spec["cluster"]["data_parallel_size"]},
+            "replicas": _deployed_replicas(spec["cluster"])},
     }
+
+
+def _deployed_replicas(cluster: dict) -> int:
+    """The replicas a deployed cluster file runs: data_parallel_size, or a PD layout's prefill and decode pools'."""
+    from mlc.cluster.pd_deploy import replica_apps
+    from mlc.cluster.resources import pool_replicas
+
+    config = ClusterConfig(**cluster)
+    return sum(pool_replicas(config, a.pool) for a in replica_apps(config))

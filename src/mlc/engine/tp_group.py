@@ -32,6 +32,7 @@ from mlc.errors import EngineDeadError
 log = logging.getLogger("mlc.engine")
 COLLECTIVE_TIMEOUT_S = 300  # a step whose collectives wait this long has lost a rank
 START_TIMEOUT_S = 120  # for a worker to start its interpreter and call back
+HANDSHAKE_TIMEOUT_S = 10.0  # for a peer on the control port to answer the challenge
 T = TypeVar("T")
 
 
@@ -43,6 +44,26 @@ def _store(host: str, listener: socket.socket, size: int) -> Any:
     port = int(listener.getsockname()[1])
     return dist.TCPStore(host, port, size, is_master=True, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S),
                          wait_for_workers=False, master_listen_fd=listener.detach())
+
+
+def _greet(sock: socket.socket, token: bytes) -> tuple[int, Connection] | None:
+    """A worker's control connection and rank, once it has shown it holds the engine's token (the HMAC of a fresh
+    nonce) before anything from it is unpickled; None for any other peer. The control port listens on the launcher's
+    host, which is a network address when the workers run on other nodes."""
+    conn = Connection(sock.detach())
+    try:
+        nonce = secrets.token_bytes(32)
+        conn.send_bytes(nonce)
+        if not conn.poll(HANDSHAKE_TIMEOUT_S):
+            raise OSError("no answer to the challenge")
+        if not hmac.compare_digest(conn.recv_bytes(64), hmac.new(token, nonce, "sha256").digest()):
+            raise OSError("a wrong answer to the challenge")
+        if not conn.poll(HANDSHAKE_TIMEOUT_S):
+            raise OSError("no rank")
+        return int.from_bytes(conn.recv_bytes(8), "big"), conn
+    except (OSError, EOFError):
+        conn.close()
+        return None
 
 
 class TPGroup:
@@ -73,14 +94,16 @@ class TPGroup:
                 self.procs.append(self.launcher.start(rank, ["-m", self.worker_module, json.dumps(spec)],
                                                       {"MLC_TP_TOKEN": token}))
             by_rank: dict[int, Connection] = {}
-            for _ in range(1, size):
-                conn = Connection(self._accept(server).detach())
-                rank, their_token = conn.recv()
-                if not hmac.compare_digest(their_token, token):
-                    raise EngineDeadError("a process that is not one of this engine's workers connected")
-                by_rank[rank] = conn
+            while len(by_rank) < size - 1:
+                greeted = _greet(self._accept(server), token.encode())
+                if greeted is None or not 0 < greeted[0] < size or greeted[0] in by_rank:
+                    log.warning("a connection that is not one of this engine's workers was refused")
+                    if greeted is not None:
+                        greeted[1].close()
+                    continue
+                by_rank[greeted[0]] = greeted[1]
             self.pipes = [by_rank[rank] for rank in range(1, size)]
-        except (OSError, EOFError) as e:
+        except Exception as e:  # nothing half-started: the workers (and their hosts) go, and the sockets
             rendezvous.close()
             self.shutdown()
             raise EngineDeadError(f"the {self.what} workers did not start ({e})") from None
@@ -191,7 +214,10 @@ class TPGroup:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:  # a remote host that no longer answers: closing it ends it
+                    pass
         self.launcher.close()
         import torch.distributed as dist
 

@@ -85,10 +85,15 @@ class Worker(CacheHolder):
 
 
 def _connect(host: str, control_port: int, rank: int) -> Connection:
+    """The control pipe to the driver: answer its challenge with the token HMAC, then say the rank (tp_group._greet)."""
+    import hashlib
+    import hmac
     import socket
 
     conn = Connection(socket.create_connection((host, control_port)).detach())
-    conn.send((rank, os.environ.get("MLC_TP_TOKEN", "")))
+    nonce = conn.recv_bytes(64)
+    conn.send_bytes(hmac.new(os.environ.get("MLC_TP_TOKEN", "").encode(), nonce, hashlib.sha256).digest())
+    conn.send_bytes(rank.to_bytes(8, "big"))
     return conn
 
 

@@ -120,7 +120,8 @@ def register(bench_app: typer.Typer) -> None:
         reports = run_ab(cfg, log_dir, show)
         console.print(t)
         if json_out:
-            json_out.write_text(json.dumps([asdict(r) for r in reports], indent=2))
+            rows = [{k: None if isinstance(v, float) and v != v else v for k, v in asdict(r).items()} for r in reports]
+            json_out.write_text(json.dumps(rows, indent=2))  # a statistic with no sample is null, not NaN
             console.print(f"wrote {json_out}")
         if plot:
             ab_plot(reports, plot, f"{model}: chats {chat_rate}/s, long prompts of {long_tokens} tokens")
