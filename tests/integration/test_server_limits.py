@@ -34,20 +34,22 @@ def server(tmp_path_factory):
 def test_flood_gets_429_with_retry_after(server):
     # One long request holds the only batch slot first (until the request timeout: it cannot end sooner), so the
     # flood meets a full engine whatever this machine's speed: the first request of the flood fills the one queue
-    # place and every other one is refused.
+    # place and every other one is refused. The long request is not streamed: a stream nobody reads could be cut by
+    # the server's slow-client guard and free the slot while the flood is still arriving.
     async def flood():
         async with httpx.AsyncClient(timeout=60) as c:
-            async with c.stream("POST", server.url + "/v1/completions", json={**LONGER, "stream": True}) as s:
-                async for line in s.aiter_lines():
-                    if line.startswith("data:"):
-                        break
-                tasks = [asyncio.create_task(c.post(server.url + "/generate",
-                                                    json={"prompt": f"Tell {i}", "max_new_tokens": 4}))
-                         for i in range(11)]
-                deadline = time.monotonic() + 30
-                while sum(t.done() for t in tasks) < 10 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
-            # leaving the stream disconnects the long request, which frees the slot for the queued one
+            long = asyncio.create_task(c.post(server.url + "/v1/completions", json=LONGER))
+            deadline = time.monotonic() + 30
+            while metric(await asyncio.to_thread(server.metrics), "mlc:num_requests_running") < 1:
+                assert time.monotonic() < deadline and not long.done(), "the long request never ran"
+                await asyncio.sleep(0.05)
+            tasks = [asyncio.create_task(c.post(server.url + "/generate",
+                                                json={"prompt": f"Tell {i}", "max_new_tokens": 4}))
+                     for i in range(11)]
+            while sum(t.done() for t in tasks) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            long.cancel()  # the client goes away: the server frees the slot for the queued one
+            await asyncio.gather(long, return_exceptions=True)
             return await asyncio.gather(*tasks)
 
     answers = asyncio.run(flood())

@@ -159,8 +159,7 @@ class Gateway:
             if fwd.path in (LOAD_PATH, UNLOAD_PATH):  # every replica follows a successful one
                 await record(self.registry, fwd.path, fwd.body, start.status)
             headers = [h for h in start.headers] + [(b"x-mlc-replica", start.replica.encode())]
-            self.pool_in_flight["decode"] += 1  # until its body ends (only reported for a PD layout)
-            response = StreamingResponse(self._body(stream, start), status_code=start.status)
+            response = StreamingResponse(self._counted(self._body(stream, start)), status_code=start.status)
             response.raw_headers = headers
             return response
         return _unavailable(f"the replicas failed before answering ({type(last).__name__}: {last}); retry")
@@ -179,9 +178,17 @@ class Gateway:
                 yield sse(error_body(message, "service_unavailable", None, "replica_failed")).encode()
                 yield DONE.encode()
         finally:
-            self.pool_in_flight["decode"] -= 1
             if not finished:
                 stream.cancel()
+
+    async def _counted(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`body`, counted in flight until it ends (reported for a PD layout's decode pool)."""
+        self.pool_in_flight["decode"] += 1
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:
+            self.pool_in_flight["decode"] -= 1
 
     async def _metrics(self) -> Response:
         from mlc.cluster.affinity import DECISIONS
