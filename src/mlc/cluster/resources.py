@@ -42,11 +42,8 @@ def replica_actor_options(cluster: ClusterConfig, kind: str, pool: Pool = "infer
     and as many units of its pool's resource (inference, or prefill / decode), so that no replica lands on another
     pool's device."""
     devices = replica_devices(cluster)
-    acc = accelerator_resources(kind, devices)
-    options: dict = {"num_cpus": cluster.serving.cpus_per_replica,
-                     "resources": {POOL_RESOURCE[pool]: devices, **{k: v for k, v in acc.items() if k != "GPU"}}}
-    if "GPU" in acc:
-        options["num_gpus"] = acc["GPU"]
+    options = bundle_actor_options({"CPU": cluster.serving.cpus_per_replica, POOL_RESOURCE[pool]: devices,
+                                    **accelerator_resources(kind, devices)})
     if cluster.env:
         options["runtime_env"] = {"env_vars": dict(cluster.env)}
     return options

@@ -45,11 +45,6 @@ class StageHost:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def node(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
     def start(self, args: list[str], env: dict[str, str]) -> dict[str, Any]:
         import os
         import sys
@@ -120,33 +115,9 @@ class RayStageLauncher:
     spans_nodes = True
 
     def __init__(self, placement_group: Any, bundles: list[dict[str, float]], ranks_per_stage: int) -> None:
-        import ray
-
         self.placement_group, self.bundles, self.ranks = placement_group, bundles, ranks_per_stage
         self.host = node_address()  # the replica's node: its stages dial back here
-        self.node_id = ray.get_runtime_context().get_node_id()
-        self.placed: dict[int, tuple[Any, str]] = {}  # rank -> (its host actor, the node it landed on)
         self.started: list[RemoteStage] = []
-
-    def _place(self, rank: int) -> tuple[Any, str]:
-        """Rank's host actor in its stage's bundle, and the node Ray put it on."""
-        import ray
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        if rank not in self.placed:
-            stage = rank // self.ranks  # global rank g is TP rank g % tp of stage g // tp (distributed/pipeline.py)
-            strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=stage)
-            actor: Any = ray.remote(StageHost)  # Ray's stubs do not follow an actor class's methods
-            share = rank_share(self.bundles[stage], self.ranks)
-            host = actor.options(scheduling_strategy=strategy, **bundle_actor_options(share)).remote()
-            try:
-                node = ray.get(host.node.remote(), timeout=START_TIMEOUT_S)
-            except ray.exceptions.RayError as e:
-                ray.kill(host)
-                raise OSError(f"rank {rank}'s host actor could not be placed in bundle {stage} of the replica's "
-                              f"placement group: {e}") from None
-            self.placed[rank] = (host, node)
-        return self.placed[rank]
 
     def device_index(self, rank: int) -> int:
         # Ray gives each host one device of its bundle (CUDA_VISIBLE_DEVICES, or ASCEND_RT_VISIBLE_DEVICES for the
@@ -155,14 +126,19 @@ class RayStageLauncher:
 
     def start(self, rank: int, args: list[str], env: dict[str, str]) -> Launched:
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        host, _ = self._place(rank)
-        stage = rank // self.ranks
+        stage = rank // self.ranks  # global rank g is TP rank g % tp of stage g // tp (distributed/pipeline.py)
+        strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=stage)
+        actor: Any = ray.remote(StageHost)  # Ray's stubs do not follow an actor class's methods
+        share = rank_share(self.bundles[stage], self.ranks)
+        host = actor.options(scheduling_strategy=strategy, **bundle_actor_options(share)).remote()
         try:
             info: dict[str, Any] = ray.get(host.start.remote(args, env), timeout=START_TIMEOUT_S)
         except ray.exceptions.RayError as e:
             ray.kill(host)
-            raise OSError(f"rank {rank}'s host actor could not start it: {e}") from None
+            raise OSError(f"rank {rank}'s host actor could not start it in bundle {stage} of the replica's "
+                          f"placement group: {e}") from None
         log.info("pipeline stage %d (rank %d) runs on node %s (%s), pid %d", stage, rank, info["node"],
                  info["node_id"][:12], info["pid"])
         remote = RemoteStage(rank, stage, host, info)
@@ -177,9 +153,9 @@ class RayStageLauncher:
     def close(self) -> None:
         import ray
 
-        for host, _ in self.placed.values():
+        for stage in self.started:
             try:
-                ray.kill(host)
+                ray.kill(stage.host)
             except Exception:  # already gone with its node
                 pass
-        self.placed.clear()
+        self.started.clear()
