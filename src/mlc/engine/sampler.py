@@ -86,6 +86,12 @@ class Sampler:
                 row[torch.tensor(sorted(barred), dtype=torch.long)] = float("-inf")
 
     def _draw(self, row: torch.Tensor, s: Sequence) -> int:
+        gen = s.generator if s.generator is not None else self.rng
+        return int(torch.multinomial(self.distribution(row, s), 1, generator=gen))
+
+    @staticmethod
+    def distribution(row: torch.Tensor, s: Sequence) -> torch.Tensor:
+        """The probabilities a sampled row draws from (its processed logits after temperature, top-k/p, min-p)."""
         p = s.params
         row = row / p.temperature
         if p.top_k > 0 and p.top_k < row.shape[0]:
@@ -99,8 +105,7 @@ class Sampler:
             probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
         if p.min_p > 0.0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        gen = s.generator if s.generator is not None else self.rng
-        return int(torch.multinomial(probs, 1, generator=gen))
+        return probs
 
     @staticmethod
     def _logprob(raw: torch.Tensor | None, i: int, token: int, s: Sequence) -> TokenLogprob | None:
