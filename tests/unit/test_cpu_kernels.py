@@ -175,8 +175,9 @@ def test_fp32_and_training_keep_the_eager_silu():
 
 
 
-def _mapping_of(address: int) -> tuple[str, int]:
-    """The name (path, [heap], or '' for an anonymous mapping) and AnonHugePages kB of the mapping holding address."""
+def _mapping_of(address: int, field: str = "AnonHugePages") -> tuple[str, int]:
+    """The name (path, [heap], or '' for an anonymous mapping) and `field` kB (AnonHugePages, Rss) of the mapping
+    holding address."""
     import re
     from pathlib import Path
 
@@ -185,7 +186,7 @@ def _mapping_of(address: int) -> tuple[str, int]:
         head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$", line)
         if head:
             current = [int(head.group(1), 16) <= address < int(head.group(2), 16), head.group(3), 0]
-        elif line.startswith("AnonHugePages:") and current and current[0]:
+        elif line.startswith(f"{field}:") and current and current[0]:
             return current[1], int(line.split()[1])
     raise AssertionError(f"no mapping holds {address:#x}")
 
@@ -205,7 +206,26 @@ def test_packed_weights_get_fresh_huge_pages_after_the_heap_has_grown():
     packed = cpu_op("on_huge_pages")(torch.ones(6 << 20, dtype=torch.uint8))
     assert torch.equal(packed, torch.ones(6 << 20, dtype=torch.uint8))
     name, huge_kb = _mapping_of(packed.data_ptr())
-    assert name != "[heap]" and packed.data_ptr() % (2 << 20) == 0
+    assert name != "[heap]" and packed.data_ptr() % 4096 == 0
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[never]" not in thp.read_text():
         assert huge_kb >= 4096, f"only {huge_kb} kB of the 6 MiB are on 2 MiB pages"
+
+
+def test_packed_weights_lie_end_to_end_and_give_their_pages_back():
+    """Packed tensors share one mapping end to end (on whole 4 KiB pages each), so a 1 MiB one (a MoE's expert) is
+    on 2 MiB pages too and none is rounded up to whole 2 MiB pages; a freed tensor's pages go back at once."""
+    place = cpu_op("on_huge_pages")
+    for _ in range(2):  # the first pair may straddle the end of a mapping
+        a = place(torch.ones(1 << 20, dtype=torch.uint8))
+        b = place(torch.full(((1 << 20) + 5,), 2, dtype=torch.uint8))
+        if b.data_ptr() == a.data_ptr() + (1 << 20):
+            break
+    assert b.data_ptr() == a.data_ptr() + (1 << 20) and _mapping_of(a.data_ptr())[0] == ""
+    assert torch.equal(a, torch.ones(1 << 20, dtype=torch.uint8)) and int(b.sum()) == 2 * ((1 << 20) + 5)
+    big = place(torch.ones(16 << 20, dtype=torch.uint8))
+    where = big.data_ptr()
+    _, before = _mapping_of(where, "Rss")
+    del big
+    _, after = _mapping_of(where, "Rss")  # the mapping stays: it is the one new tensors are placed in
+    assert before - after >= 15 << 10, f"freeing 16 MiB left the mapping at {after} of {before} kB"

@@ -85,3 +85,27 @@ def test_a_tensor_with_no_place_in_the_architecture_is_a_clear_error(home):
     path = write_random_llama_gguf(home / "m.gguf", "Q4_0", extra=extra)
     with pytest.raises(ModelFormatError, match=r"'blk.0.ffn_gate_exps.weight' has no place in a llama model"):
         load_model(str(path), dtype="float32")
+
+
+def _resident_kib(root) -> int:
+    """Resident KiB of this process's mappings of files under `root`."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+                inside = line.rstrip().endswith(".gguf") and str(root) in line
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED"), reason="needs madvise (Linux)")
+def test_the_files_pages_are_let_go_once_repacked(home):
+    """Loading releases each matrix's mapped pages once it is repacked (the file stays in the page cache): the
+    process does not hold the file and its repacked copy at once; the embedding looked up in the mapping reads its
+    rows back."""
+    path = write_random_llama_gguf(home / "m.gguf", "Q4_0", hidden=512, ffn=1024)
+    model = load_model(str(path), dtype="float32")
+    size_kib = path.stat().st_size // 1024
+    assert _resident_kib(home) < size_kib // 4
+    close(model, load_model(str(path), dtype="float32", weight_dtype="fp32"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlc.cluster.pd_router import PDRouter, prompt_chars
+from mlc.cluster.pd_router import PDRouter, generation_body, long_enough, prompt_chars
 from mlc.config.cluster_config import ClusterConfig
 from tests.unit.test_config import run_cli
 
@@ -46,6 +46,12 @@ def test_config_check_refuses_mismatched_kv_formats(tmp_path, capsys):
 def test_router_estimates_prompts_and_counts_pools():
     assert prompt_chars({"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 9}) > 400
     assert prompt_chars({"max_tokens": 9}) == 0
+    body = generation_body("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}')
+    assert body is not None and not long_enough(body, 256) and long_enough(body, 5)
+    assert generation_body("GET", "/v1/chat/completions", b"{}") is None
+    assert generation_body("POST", "/v1/models", b"{}") is None
+    assert generation_body("POST", "/v1/completions", b"[1, 2]") is None
+    assert generation_body("POST", "/v1/completions", b"not json") is None
     router = PDRouter(["http://p"], ["http://d1", "http://d2"])
     router.in_flight["http://d1"] = 3
     assert router._pick(router.decode) == "http://d2"

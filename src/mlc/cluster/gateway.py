@@ -35,7 +35,7 @@ from mlc.cluster.pd_deploy import (
     REPLICA_APP,
     REPLICA_DEPLOYMENT,
 )
-from mlc.cluster.pd_router import CHARS_PER_TOKEN, GENERATION_PATHS, prompt_chars
+from mlc.cluster.pd_router import generation_body, long_enough
 from mlc.server.app import MAX_BODY_BYTES, body_limit_message
 from mlc.server.auth import check_authorization
 from mlc.server.errors import error_body
@@ -98,13 +98,10 @@ class Gateway:
         """A long enough generation request with a prefill replica's KV handle added (or unchanged: the decode replica
         prefills it itself)."""
         assert self.pd is not None
-        if fwd.method != "POST" or fwd.path not in GENERATION_PATHS:
+        body = generation_body(fwd.method, fwd.path, fwd.body)
+        if body is None:
             return fwd
-        try:
-            body = json.loads(fwd.body)
-        except ValueError:
-            return fwd
-        if not isinstance(body, dict) or prompt_chars(body) < self.pd["threshold_tokens"] * CHARS_PER_TOKEN:
+        if not long_enough(body, self.pd["threshold_tokens"]):
             self.routed["local"] += 1
             return fwd
         handle = await self._prefill(fwd, body)

@@ -40,6 +40,22 @@ def prompt_chars(body: dict) -> int:
     return sum(len(json.dumps(body[k])) for k in PROMPT_FIELDS if k in body)
 
 
+def generation_body(method: str, path: str, raw: bytes) -> dict | None:
+    """The JSON object of a generation request, or None (another route, or a body that is not a JSON object)."""
+    if method != "POST" or path not in GENERATION_PATHS:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def long_enough(body: dict, threshold_tokens: int) -> bool:
+    """Whether a generation request's prompt looks long enough to prefill on a prefill instance."""
+    return prompt_chars(body) >= threshold_tokens * CHARS_PER_TOKEN
+
+
 class PDRouter:
     def __init__(self, prefill: list[str], decode: list[str], threshold_tokens: int = 256,
                  timeout: float = 600.0) -> None:
@@ -82,20 +98,15 @@ class PDRouter:
     async def route(self, request: Request) -> Response:
         raw = await request.body()
         headers = self._headers(request)
-        body = None
-        if request.method == "POST" and request.url.path in GENERATION_PATHS:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = None
-        if isinstance(body, dict) and self.prefill and prompt_chars(body) >= self.threshold_tokens * CHARS_PER_TOKEN:
+        body = generation_body(request.method, request.url.path, raw)
+        if body is not None and self.prefill and long_enough(body, self.threshold_tokens):
             handle = await self._prefill(request.url.path, body, headers)
             if handle is not None:
                 headers[HANDLE_HEADER] = handle
                 self.routed["remote"] += 1
             else:
                 self.routed["fallback"] += 1
-        elif isinstance(body, dict):
+        elif body is not None:
             self.routed["local"] += 1
         return await self._forward(self._pick(self.decode), request, raw, headers)
 

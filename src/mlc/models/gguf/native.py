@@ -36,7 +36,7 @@ from mlc.layers.gguf_linear import (
 )
 from mlc.layers.linear import Linear, MergedLinear
 from mlc.layers.moe import RoutedExperts
-from mlc.layers.quant import _swap
+from mlc.layers.quant import _swap, release_free_memory
 from mlc.layers.quant_kernels import pack_int4
 from mlc.layers.quant_linear import Int4Linear
 from mlc.models.base import CausalLM, Embedding
@@ -212,10 +212,12 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
                 continue
             make = _gguf_layer if report.kernel == "gguf" else _int4_layer
             _swap(net, module_name, make(gf, cfg, module, parts))
+            gf.release([p.tensor for p in parts])
+            release_free_memory()  # what repacking freed (the heap would hold it to the end of the load)
             served.add(module_name)
             report.layers += 1
             report.tensors.update(quant_type_name(p.tensor) for p in parts if not p.is_bias)
-    float_stacks = _experts(net, stacks, native and report.kernel == "gguf", report)
+    float_stacks = _experts(net, gf, stacks, native and report.kernel == "gguf", report)
     rest = [p for name, parts in by_module.items() if name not in served for p in parts]
     for name, parts in by_module.items():
         kinds = [quant_type_name(p.tensor) for p in parts if not p.is_bias and len(p.tensor.shape) == 2]
@@ -229,6 +231,7 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
                for name, values in float_experts(layer, stack))
     with torch.no_grad():
         net.load_weights(itertools.chain(_float_tensors(gf, cfg, rest), experts))
+    gf.release(gf.reader.tensors)  # a token embedding read from the mapping faults back the rows it looks up
     return report
 
 
@@ -260,7 +263,7 @@ def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
     return name_of
 
 
-def _experts(net: CausalLM, stacks: Stacks, gguf: bool, report: NativeReport) -> Stacks:
+def _experts(net: CausalLM, gf: GGUFFile, stacks: Stacks, gguf: bool, report: NativeReport) -> Stacks:
     """Each MoE layer's routed experts served from their stacked blocks where `gguf` and the kernel reads them; the
     stacks left to be dequantized."""
     rest: Stacks = {}
@@ -272,6 +275,8 @@ def _experts(net: CausalLM, stacks: Stacks, gguf: bool, report: NativeReport) ->
             continue
         experts = gguf_experts(stack, module)
         _swap(net, name, experts)
+        gf.release(list(stack.values()))
+        release_free_memory()
         report.layers += 2 * experts.n_experts
         report.tensors.update(quant_type_name(t) for t in stack.values())
     return rest

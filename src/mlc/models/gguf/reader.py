@@ -23,6 +23,21 @@ class GGUFFile:
     path: Path
     reader: Any
     metadata: dict[str, Any]
+    mapping: mmap.mmap | None = None
+
+    def release(self, tensors: list) -> None:
+        """Drop the mapped pages of `tensors` (whose bytes were copied out) from this process's resident memory. The
+        file stays in the page cache, and a later read of them faults them back in: only RSS changes. Loading
+        releases each matrix once it is repacked, so the pages of the whole file are never resident at once."""
+        if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        base = np.frombuffer(self.mapping, dtype=np.uint8).__array_interface__["data"][0]
+        for t in tensors:
+            start = t.data.__array_interface__["data"][0] - base
+            end = start + t.data.nbytes
+            start -= start % mmap.PAGESIZE  # madvise takes whole pages; a neighbour's first page is read back
+            if end > start:
+                self.mapping.madvise(mmap.MADV_DONTNEED, start, min(end, len(self.mapping)) - start)
 
     @property
     def architecture(self) -> str:
@@ -158,4 +173,4 @@ def _open(path: Path, arrays: bool) -> GGUFFile:
             raise ModelFormatError(f"{path}: tensor {name!r} runs past the end of the file; the file is truncated: "
                                    "download it again")
         tensors.append(GGUFTensor(name, shape, kind, data[begin : begin + rows * row_bytes].reshape(rows, row_bytes)))
-    return GGUFFile(path, _Tensors(tensors), metadata)
+    return GGUFFile(path, _Tensors(tensors), metadata, buf)
