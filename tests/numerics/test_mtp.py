@@ -52,7 +52,7 @@ def glm5_mtp(tmp_path_factory):
     return _checkpoint(tmp_path_factory, "glm_moe_dsa")
 
 
-def _checked_drafts(llm: LLM, hf, mtp, batch: list[list[int]], max_tokens: int = 16) -> int:
+def checked_drafts(llm: LLM, hf, mtp, batch: list[list[int]], max_tokens: int = 16) -> int:
     """Run `batch` on the engine step by step, noting each draft the MTP layer leaves after a step; each must be
     the one transformers' MTP layer gives at that point. Returns how many drafts were checked."""
     engine = llm.engine
@@ -113,7 +113,7 @@ def test_mtp_drafts_are_transformers_mtp_layer_in_a_batch_and_across_prompt_chun
     batch = prompts(hf.config.vocab_size)
     # 16 tokens a step: the 31-token prompt is computed in two chunks beside the others' decoding
     llm = LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, speculative_config=MTP, max_num_batched_tokens=16)
-    assert _checked_drafts(llm, hf, mtp, batch) >= 6
+    assert checked_drafts(llm, hf, mtp, batch) >= 6
 
 
 def test_glm5_mtp_drafts_are_transformers_mtp_layer(glm5_mtp):
@@ -121,7 +121,7 @@ def test_glm5_mtp_drafts_are_transformers_mtp_layer(glm5_mtp):
     checked = 0
     for p in prompts(hf.config.vocab_size):  # one at a time, each prompt in one piece, as transformers runs it
         llm = LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, speculative_config=MTP)
-        checked += _checked_drafts(llm, hf, mtp, [p])
+        checked += checked_drafts(llm, hf, mtp, [p])
     assert checked >= 6
 
 
@@ -130,10 +130,10 @@ def test_mtp_drafts_after_a_prefix_cache_hit(copied_mtp):
     gen = torch.Generator().manual_seed(5)
     prompt = torch.randint(7, hf.config.vocab_size, (3 * PAGE_SIZE + 5,), generator=gen).tolist()
     llm = LLM(str(path), dtype="fp32", page_size=PAGE_SIZE, speculative_config=MTP)
-    first = _checked_drafts(llm, hf, mtp, [prompt])
+    first = checked_drafts(llm, hf, mtp, [prompt])
     pm = llm.engine.page_manager
     hits = pm.prefix_hits
-    again = _checked_drafts(llm, hf, mtp, [prompt])
+    again = checked_drafts(llm, hf, mtp, [prompt])
     # three full pages are cached; the last one found is recomputed, so its last MTP slot is this prompt's own
     assert pm.prefix_hits - hits == 2
     assert first > 0 and again > 0
@@ -167,5 +167,5 @@ def test_mtp_is_refused_clearly_where_there_is_no_mtp_layer(tmp_path_factory, ra
         LLM(str(llama), dtype="fp32", speculative_config=MTP)
     with pytest.raises(ValueError, match="one process"):
         EngineConfig(model=str(random_mtp[0]), speculative_config=MTP, tensor_parallel_size=2)
-    with pytest.raises(ConfigError, match="GGUF"):
-        check_mtp_checkpoint(random_mtp[0], random_mtp[1].config, packed=True)
+    with pytest.raises(ConfigError, match="compiled"):
+        check_mtp_checkpoint(random_mtp[0], random_mtp[1].config, None, compiled=True)

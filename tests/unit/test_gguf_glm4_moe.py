@@ -61,8 +61,9 @@ def tiny_hf_glm4_moe(vocab_size: int):
     return model
 
 
-def gguf_tensors(model) -> dict[str, np.ndarray]:
-    """The tensors llama.cpp's converter writes for `model`, plus a NextN layer after the last decoder layer."""
+def gguf_tensors(model, nextn: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The tensors llama.cpp's converter writes for `model`, plus a NextN layer after the last decoder layer
+    (`nextn`, under llama.cpp's names; by default a random one)."""
     out: dict[str, np.ndarray] = {}
     for name, p in model.state_dict().items():
         w = p.detach().numpy().astype(np.float32)
@@ -80,6 +81,8 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
         else:
             module, suffix = rest.rsplit(".", 1)
             out[f"blk.{layer}.{HF_TO_GGUF[module]}.{suffix}"] = w
+    if nextn is not None:
+        return {**out, **nextn}
     rng = np.random.default_rng(1)
     last, mtp = TINY["layers"] - 1, TINY["layers"]
     for name in [n for n in out if n.startswith(f"blk.{last}.")]:
@@ -91,14 +94,16 @@ def gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def write_tiny_glm4_moe_gguf(path: Path, quant: dict[str, Q] | None = None, extra_meta=None, drop=(), pad=1):
-    """`pad`: the vocabulary padded to a multiple of it (16: the head fits the gguf kernel's tiles)."""
+def write_tiny_glm4_moe_gguf(path: Path, quant: dict[str, Q] | None = None, extra_meta=None, drop=(), pad=1,
+                             nextn: dict[str, np.ndarray] | None = None):
+    """`pad`: the vocabulary padded to a multiple of it (16: the head fits the gguf kernel's tiles); `nextn`: the
+    NextN layer's tensors (`gguf_tensors`)."""
     tokens, merges, types = byte_vocab()
     extra = -len(tokens) % pad
     tokens, types = tokens + [f"<|extra_{i}|>" for i in range(extra)], types + [3] * extra
     model = tiny_hf_glm4_moe(len(tokens))
     tensors = {}
-    for gname, w in gguf_tensors(model).items():
+    for gname, w in gguf_tensors(model, nextn).items():
         if gname in drop:
             continue
         qtype = (quant or {}).get(gname)
@@ -137,7 +142,7 @@ def test_config_is_glm4_moe(tiny):
     model, out, report = tiny
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "glm4_moe" and cfg["architectures"] == ["Glm4MoeForCausalLM"]
-    assert cfg["num_hidden_layers"] == 3 and cfg["num_nextn_predict_layers"] == 0  # the NextN layer is dropped
+    assert cfg["num_hidden_layers"] == 3 and cfg["num_nextn_predict_layers"] == 1  # declared; read only for "mtp"
     assert cfg["rope_parameters"] == {"partial_rotary_factor": 0.5, "rope_type": "default", "rope_theta": 10000.0}
     want = dict(first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                 moe_intermediate_size=32, intermediate_size=96, routed_scaling_factor=2.5, norm_topk_prob=True,

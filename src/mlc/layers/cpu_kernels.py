@@ -7,7 +7,8 @@
   activations as two int8 digits (about 16 bits), exact integer dot products, each row alone;
 * the gguf GEMM on a GGUF's own blocks, every common type (`gguf_linear.cpp`, `gguf_blocks.h`, `gguf_pack.cpp`;
   `layers/gguf_linear.py`), the same arithmetic, and `gguf_rows`, the embedding lookup from the mapped file;
-* `on_huge_pages` (`huge_pages.cpp`): packed weights on 2 MiB pages, where they stream about a quarter faster;
+* `on_huge_pages` (`huge_pages.cpp`): packed weights on 2 MiB pages, where they stream about a quarter faster, laid
+  end to end in shared mappings;
 * RMSNorm, RoPE and SiLU x up for 16-bit models (`fused_ops.cpp`): one pass a row instead of several eager ops,
   with the eager ops' roundings;
 * a Llama, GLM or GLM-4 decoder layer over a step of decode tokens (`decode_layer.cpp`; `models/fused_decode.py`):

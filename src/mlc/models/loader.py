@@ -108,7 +108,7 @@ def describe_weights(net: CausalLM) -> str:
     return getattr(net, "weight_info", None) or f"{str(net.dtype).removeprefix('torch.')} (checkpoint precision)"
 
 
-def check_mtp_checkpoint(model_dir: Path, cfg, packed: bool) -> None:
+def check_mtp_checkpoint(model_dir: Path, cfg, gguf: Path | None, compiled: bool) -> None:
     """The checkpoint holds the MTP layer that speculative method "mtp" drafts with, or a clear error says so."""
     from mlc.models.mtp import has_mtp_weights, mtp_layers_of
 
@@ -116,12 +116,21 @@ def check_mtp_checkpoint(model_dir: Path, cfg, packed: bool) -> None:
     if model_class(cfg.model_type).add_mtp is CausalLM.add_mtp:
         raise ConfigError(f"{model_dir.name}: {cfg.model_type} models have no multi-token-prediction (MTP) layer "
                           f"(GLM-4.5/4.6/4.7 and GLM-5 checkpoints do); {fix}")
-    if packed:
-        raise ConfigError(f"{model_dir.name}: speculative method \"mtp\" reads the MTP layer from a safetensors "
-                          f"checkpoint; GGUF and compiled models do not load it yet; {fix}")
+    if compiled:
+        raise ConfigError(f"{model_dir.name}: speculative method \"mtp\" reads the MTP layer from a safetensors or "
+                          f"GGUF checkpoint; compiled models do not keep it; {fix}")
     if not mtp_layers_of(cfg):
-        raise ConfigError(f"{model_dir.name} has no multi-token-prediction layer (config.json declares no "
-                          f"num_nextn_predict_layers); {fix}")
+        where = (f"its GGUF declares no nextn_predict_layers, or {model_dir} was added before mlc read NextN "
+                 "layers: delete that directory and load the .gguf again" if gguf else
+                 "config.json declares no num_nextn_predict_layers")
+        raise ConfigError(f"{model_dir.name} has no multi-token-prediction layer ({where}); {fix}")
+    if gguf is not None:
+        from mlc.models.gguf.reader import open_gguf_tensors
+
+        if f"blk.{cfg.num_hidden_layers}.nextn.eh_proj.weight" not in open_gguf_tensors(gguf).tensor_names():
+            raise ConfigError(f"{model_dir.name}: the GGUF declares a NextN layer but holds no "
+                              f"blk.{cfg.num_hidden_layers}.nextn.eh_proj.weight (converted without it?); {fix}")
+        return
     if not has_mtp_weights(set(safetensors_names(safetensors_files(model_dir))), cfg):
         raise ConfigError(f"{model_dir.name}: config.json declares an MTP layer but the safetensors hold no "
                           f"model.layers.{cfg.num_hidden_layers}.eh_proj.weight (a download without the MTP "
@@ -153,7 +162,7 @@ def load_model(model: str | Path, device: str | torch.device = "cpu", dtype: str
     dt = resolve_dtype(dtype, dev, getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None))
     gguf = gguf_file(model_dir)
     if mtp:
-        check_mtp_checkpoint(model_dir, cfg, gguf is not None or is_compiled(model_dir))
+        check_mtp_checkpoint(model_dir, cfg, gguf, is_compiled(model_dir))
     net = build_model(cfg, dev, dt, mtp)  # its float parameters are allocated, never written where codes serve a layer
     native = None
     if is_compiled(model_dir):

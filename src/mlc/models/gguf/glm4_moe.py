@@ -1,8 +1,10 @@
 """GLM-4.5 / 4.6 / 4.7 GGUFs (llama.cpp architecture `glm4moe`): config keys and tensor names that differ from llama's.
 
 What llama.cpp's converter writes for Glm4MoeForCausalLM:
-- `block_count` counts the multi-token-prediction (NextN) layers too (`nextn_predict_layers` of them, last); their
-  tensors (a whole decoder layer plus `nextn.*`) are skipped here, as transformers skips them for the forward.
+- `block_count` counts the multi-token-prediction (NextN) layers too (`nextn_predict_layers` of them, last): a whole
+  decoder layer plus `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm`, `nextn.shared_head_norm` (and copies of the
+  embedding and head, `nextn.embed_tokens` / `nextn.shared_head_head`, never read). The forward skips them, as
+  transformers does; speculative method "mtp" loads them as the checkpoint's MTP layer (`nextn_tensor_name`).
 - Layers below `leading_dense_block_count` have a dense SwiGLU MLP (`ffn_gate`, `ffn_up`, `ffn_down`); the others
   have the router (`ffn_gate_inp`), its correction bias (`exp_probs_b.bias`), the routed experts stacked over
   the expert axis (`ffn_{gate,up,down}_exps`, `[E, I, H]` / `[E, H, I]`) and the shared expert (`ffn_*_shexp`).
@@ -95,7 +97,7 @@ def glm4_moe_config(gf: GGUFFile, cfg: dict[str, Any], names: set[str]) -> dict[
         shexp = next((t for t in gf.reader.tensors if t.name == f"blk.{dense}.ffn_gate_shexp.weight"), None)
         shared = 0 if shexp is None else int(shexp.shape[1]) // moe_i
     cfg.update(
-        num_hidden_layers=n_layers, num_nextn_predict_layers=0,  # the NextN layers are not converted
+        num_hidden_layers=n_layers, num_nextn_predict_layers=nextn,  # loaded for speculative method "mtp" only
         moe_intermediate_size=moe_i, n_routed_experts=_int(gf, "expert_count"),
         num_experts_per_tok=_int(gf, "expert_used_count"), n_shared_experts=int(shared),
         first_k_dense_replace=dense, routed_scaling_factor=float(gf.arch_key("expert_weights_scale", 1.0)),
@@ -107,6 +109,20 @@ def glm4_moe_config(gf: GGUFFile, cfg: dict[str, Any], names: set[str]) -> dict[
     # Glm4MoeConfig takes 0.5 when partial_rotary_factor is absent; the GGUF's rope.dimension_count decides here
     cfg["rope_parameters"] = {"partial_rotary_factor": 1.0, **cfg["rope_parameters"]}
     return cfg
+
+
+# a NextN layer's own tensors -> the hub checkpoint's names after `model.layers.{N}.`
+NEXTN_NAMES = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "shared_head_norm": "shared_head.norm"}
+NEXTN_COPIES = re.compile(r"blk\.\d+\.nextn\.(embed_tokens|shared_head_head)\.weight$")  # the trunk's, never read
+
+
+def nextn_tensor_name(gguf_name: str, first_moe_layer: int) -> str | None:
+    """A tensor of the NextN layer -> its HF name (`blk.46.nextn.eh_proj.weight` -> `model.layers.46.eh_proj.weight`;
+    its decoder layer's tensors as any layer's); None for a name with no place there."""
+    m = re.match(r"blk\.(\d+)\.nextn\.(\w+)\.weight$", gguf_name)
+    if m is None or m[2] not in NEXTN_NAMES:
+        return glm4_moe_tensor_name(gguf_name, first_moe_layer)
+    return f"model.layers.{m[1]}.{NEXTN_NAMES[m[2]]}.weight"
 
 
 def stacked_projection(name: str) -> tuple[int, str] | None:

@@ -42,7 +42,15 @@ from mlc.layers.quant_linear import Int4Linear
 from mlc.models.base import CausalLM, Embedding
 from mlc.models.gguf.blocks import INT4_TYPES, int4_codes
 from mlc.models.gguf.dequant import dequantize_tensor, quant_type_name
-from mlc.models.gguf.glm4_moe import Stacks, check_stacks, float_experts, glm4_moe_tensor_name, stacked_projection
+from mlc.models.gguf.glm4_moe import (
+    NEXTN_COPIES,
+    Stacks,
+    check_stacks,
+    float_experts,
+    glm4_moe_tensor_name,
+    nextn_tensor_name,
+    stacked_projection,
+)
 from mlc.models.gguf.llama_tensors import hf_tensor_name, unpermute_rope_rows
 from mlc.models.gguf.native_moe import gguf_experts, servable
 from mlc.models.gguf.reader import GGUFFile
@@ -184,10 +192,11 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
     modules = dict(net.named_modules())
     by_module: dict[str, list[_Part]] = defaultdict(list)
     stacks: Stacks = defaultdict(dict)
-    name_of = _hf_names(gf, cfg)
+    mtp = net.mtp is not None
+    name_of = _hf_names(gf, cfg, mtp)
     for t in gf.reader.tensors:
         if gf.architecture == "glm4moe" and (stacked := stacked_projection(t.name)) is not None:
-            if stacked[0] < cfg["num_hidden_layers"]:
+            if stacked[0] < cfg["num_hidden_layers"] + mtp:
                 stacks[stacked[0]][stacked[1]] = t
             continue
         hf = name_of(t.name)
@@ -224,7 +233,7 @@ def load_gguf(net: CausalLM, gf: GGUFFile, cfg: dict[str, Any], native: bool) ->
         if name not in served and kinds and isinstance(modules.get(name), Linear):
             _loaded_as_floats(report, name, kinds)
     for layer, stack in float_stacks.items():
-        _loaded_as_floats(report, f"model.layers.{layer}.mlp.experts", [quant_type_name(t) for t in stack.values()])
+        _loaded_as_floats(report, _experts_name(net, layer), [quant_type_name(t) for t in stack.values()])
     if native:
         _log_dequantized([p.tensor for p in rest] + [t for stack in float_stacks.values() for t in stack.values()])
     experts = ((name, torch.from_numpy(values)) for layer, stack in float_stacks.items()
@@ -241,9 +250,9 @@ def _loaded_as_floats(report: NativeReport, module: str, kinds: list[str]) -> No
     report.dequantized.update(k for k in kinds if k not in FLOAT_TYPES)
 
 
-def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
-    """A GGUF tensor name -> its HF name (None: a tensor the forward does not use); a tensor with no place in the
-    architecture is an error."""
+def _hf_names(gf: GGUFFile, cfg: dict[str, Any], mtp: bool) -> Callable[[str], str | None]:
+    """A GGUF tensor name -> its HF name (None: a tensor the forward does not use; the NextN layer's are read with
+    `mtp`, for speculative method "mtp"); a tensor with no place in the architecture is an error."""
     first_moe, n_layers = cfg.get("first_k_dense_replace", 0), cfg["num_hidden_layers"]
 
     def name_of(name: str) -> str | None:
@@ -251,8 +260,11 @@ def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
             return None  # folded into rope_parameters when config.json was written
         if gf.architecture == "glm4moe":
             if (layer := re.match(r"blk\.(\d+)\.", name)) and int(layer[1]) >= n_layers:
-                return None  # a multi-token-prediction (NextN) layer: only speculative decoding would use it
-            hf = glm4_moe_tensor_name(name, first_moe)
+                if not mtp or int(layer[1]) != n_layers or NEXTN_COPIES.match(name):
+                    return None  # a multi-token-prediction (NextN) layer, or its copy of the embedding or head
+                hf = nextn_tensor_name(name, first_moe)
+            else:
+                hf = glm4_moe_tensor_name(name, first_moe)
         else:
             hf = hf_tensor_name(name, gf.architecture)
         if hf is None:
@@ -263,12 +275,17 @@ def _hf_names(gf: GGUFFile, cfg: dict[str, Any]) -> Callable[[str], str | None]:
     return name_of
 
 
+def _experts_name(net: CausalLM, layer: int) -> str:
+    """The routed experts' module of decoder layer `layer` (the one after the trunk is the MTP layer)."""
+    return "mtp.mlp.experts" if layer == net.config.num_hidden_layers else f"model.layers.{layer}.mlp.experts"
+
+
 def _experts(net: CausalLM, gf: GGUFFile, stacks: Stacks, gguf: bool, report: NativeReport) -> Stacks:
     """Each MoE layer's routed experts served from their stacked blocks where `gguf` and the kernel reads them; the
     stacks left to be dequantized."""
     rest: Stacks = {}
     for layer, stack in sorted(stacks.items()):
-        name = f"model.layers.{layer}.mlp.experts"
+        name = _experts_name(net, layer)
         module = net.get_submodule(name)
         if not (gguf and isinstance(module, RoutedExperts) and servable(stack, module)):
             rest[layer] = stack

@@ -35,7 +35,7 @@ class GGUFFile:
         for t in tensors:
             start = t.data.__array_interface__["data"][0] - base
             end = start + t.data.nbytes
-            start -= start % mmap.PAGESIZE  # madvise takes whole pages; a neighbour's first page is read back
+            start -= start % mmap.PAGESIZE  # whole pages: the one shared with the tensor before faults back if read
             if end > start:
                 self.mapping.madvise(mmap.MADV_DONTNEED, start, min(end, len(self.mapping)) - start)
 
