@@ -11,10 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType as Q
 from safetensors.numpy import load_file
-
-import torch
 from transformers import Glm4MoeForCausalLM
 
 from mlc.engine.llm import LLM
@@ -22,8 +21,8 @@ from mlc.errors import ConfigError
 from mlc.models.gguf.convert import convert_gguf
 from tests.numerics.test_decode_parity import greedy
 from tests.numerics.test_mtp import checked_drafts
-from tests.support.tiny_mtp import add_mtp_layer, reference_mtp
 from tests.support.kernel_marks import CPU_KERNELS
+from tests.support.tiny_mtp import add_mtp_layer, reference_mtp
 from tests.unit.test_gguf_glm4_moe import HF_TO_GGUF, IDS, TINY, write_tiny_glm4_moe_gguf
 
 pytestmark = CPU_KERNELS  # loaded from the real store before a test points MLC_HOME elsewhere
