@@ -58,12 +58,13 @@ def gguf_nextn(checkpoint: Path, n: int) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A safetensors checkpoint with a synthetic MTP layer (the trunk's last layer again: drafts often accepted), and
-    the same model as GGUFs with that layer as their NextN layer: all fp32, and every matrix in Q8_0."""
+    """A safetensors checkpoint with a random MTP layer (every tensor its own, so a tensor loaded into the wrong place
+    changes the drafts), and the same model as GGUFs with that layer as their NextN layer: all fp32, and every matrix
+    in Q8_0."""
     root = tmp_path_factory.mktemp("mtp-gguf")
     model = write_tiny_glm4_moe_gguf(root / "trunk.gguf", pad=16)
     convert_gguf(root / "trunk.gguf", root / "hf")
-    add_mtp_layer(model, root / "hf", copy_last_layer=True)
+    add_mtp_layer(model, root / "hf")
     nextn = gguf_nextn(root / "hf", TINY["layers"])
     write_tiny_glm4_moe_gguf(root / "f32.gguf", pad=16, nextn=nextn)
     write_tiny_glm4_moe_gguf(root / "q8.gguf", pad=16, nextn=nextn, quant=dict.fromkeys(

@@ -229,3 +229,5 @@ def test_packed_weights_lie_end_to_end_and_give_their_pages_back():
     del big
     _, after = _mapping_of(where, "Rss")  # the mapping stays: it is the one new tensors are placed in
     assert before - after >= 15 << 10, f"freeing 16 MiB left the mapping at {after} of {before} kB"
+    alone = place(torch.ones((128 << 20) + 1, dtype=torch.uint8))  # over half an arena: a mapping of its own
+    assert alone.data_ptr() % (2 << 20) == 0 and int(alone[-1]) == 1

@@ -1,6 +1,7 @@
 #include "huge_pages.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,13 +17,19 @@ namespace {
 
 constexpr size_t kHuge = 2u << 20;
 constexpr size_t kChunk = 256u << 20;  // address space an arena reserves; only the pages written become memory
-constexpr size_t kAlign = 4096;
+
+// Tensors start and end on whole system pages (4 KiB on x86; 16 or 64 KiB on some arm64 and POWER kernels), so
+// releasing one tensor's pages never touches a neighbour's bytes
+size_t page_size() {
+  static const size_t page = std::max<size_t>(4096, static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+  return page;
+}
 
 // One reserved mapping that packed tensors are placed in one after the other. Laid end to end, they share their 2 MiB
 // pages: a tensor alone in a mapping of its own rounded up to whole huge pages (its last one filled on first touch)
 // cost a 1B model ~100 MB of pages holding nothing, and tensors under 2 MiB (a MoE's experts) fell back to small
-// pages. A tensor's pages go back when it does (each starts and ends on a 4 KiB page of its own), the mapping when
-// the last tensor in it does.
+// pages. A freed tensor's pages are released (madvise; each tensor starts and ends on pages of its own), the mapping
+// when the last tensor in it goes. A tensor over half an arena gets a mapping of its own, leaving the current one.
 struct Arena {
   char* base = nullptr;  // 2 MiB aligned
   void* mapped = nullptr;
@@ -61,11 +68,16 @@ size_t current_size = 0;
 // model's loader left a third of its layers' weights on 4 KiB pages that way, and those streamed at two thirds of
 // the rate). Untouched pages of a mapping advised before the first write fault in as 2 MiB pages.
 at::Tensor huge_page_bytes(int64_t bytes, const at::TensorOptions& options) {
-  if (bytes < static_cast<int64_t>(kAlign)) return at::empty({bytes}, options.dtype(at::kByte));
-  const size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
+  const size_t page = page_size();
+  if (bytes < static_cast<int64_t>(page)) return at::empty({bytes}, options.dtype(at::kByte));
+  const size_t size = (static_cast<size_t>(bytes) + page - 1) / page * page;
   Arena* arena = nullptr;
   char* p = nullptr;
-  {
+  if (size > kChunk / 2) {  // alone: the arena's one user is this tensor
+    arena = new_arena(size);
+    if (arena == nullptr) return at::empty({bytes}, options.dtype(at::kByte));
+    p = arena->base;
+  } else {
     std::lock_guard<std::mutex> hold(arena_lock);
     if (current == nullptr || current->used + size > current_size) {
       Arena* fresh = new_arena(size);
@@ -82,7 +94,7 @@ at::Tensor huge_page_bytes(int64_t bytes, const at::TensorOptions& options) {
   return at::from_blob(
       p, {bytes},
       [arena, size](void* data) {
-        madvise(data, size, MADV_DONTNEED);  // its pages go back now (whole pages: no neighbour shares them)
+        madvise(data, size, MADV_DONTNEED);  // whole pages of its own: no neighbour's bytes among them
         arena->drop();
       },
       options.dtype(at::kByte));
