@@ -156,7 +156,10 @@ class Gateway:
             if fwd.path in (LOAD_PATH, UNLOAD_PATH):  # every replica follows a successful one
                 await record(self.registry, fwd.path, fwd.body, start.status)
             headers = [h for h in start.headers] + [(b"x-mlc-replica", start.replica.encode())]
-            response = StreamingResponse(self._counted(self._body(stream, start)), status_code=start.status)
+            body = self._body(stream, start)
+            if self.pd is not None:  # the decode pool's queue depth, which only a PD layout reports
+                body = self._counted(body)
+            response = StreamingResponse(body, status_code=start.status)
             response.raw_headers = headers
             return response
         return _unavailable(f"the replicas failed before answering ({type(last).__name__}: {last}); retry")
