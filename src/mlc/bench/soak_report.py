@@ -8,6 +8,7 @@ from pathlib import Path
 from mlc.bench.plots import _pyplot
 
 FD_SLACK, THREAD_SLACK, TASK_SLACK = 16, 4, 32  # what "flat" allows between the warm-up's end and the drained end
+DRIFT_WINDOW_S = 600.0  # the goal compares the first and last ten minutes of an hour
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -72,13 +73,18 @@ def check(result: dict, cfg) -> list[dict]:
     return out
 
 
+def drift_window(span: float) -> float:
+    """Seconds compared at each end of the run after warm-up: a fifth of it, at most ten minutes."""
+    return min(DRIFT_WINDOW_S, span / 5)
+
+
 def _drift(warm: list[dict], cfg) -> list[dict]:
-    """p99 TTFT and TPOT in the last tenth of the run after warm-up against the first tenth."""
+    """p99 TTFT and TPOT in the last window of the run after warm-up against the first (`drift_window`)."""
     if len(warm) < 4:
         return [_inv("latency drift", None, "too few samples after the warm-up")]
-    span = warm[-1]["t"] - warm[0]["t"]
-    first = [s for s in warm if s["t"] <= warm[0]["t"] + span / 10]
-    last = [s for s in warm if s["t"] >= warm[-1]["t"] - span / 10]
+    window = drift_window(warm[-1]["t"] - warm[0]["t"])
+    first = [s for s in warm if s["t"] <= warm[0]["t"] + window]
+    last = [s for s in warm if s["t"] >= warm[-1]["t"] - window]
     out = []
     for key in ("ttft_s", "tpot_s"):
         a = [v for s in first for v in s[key]]
@@ -87,9 +93,10 @@ def _drift(warm: list[dict], cfg) -> list[dict]:
         if len(a) < 20 or len(b) < 20 or not pa or not pb:
             out.append(_inv(f"p99 {key[:-2].upper()} drift", None, f"too few requests ({len(a)} first, {len(b)} last)"))
             continue
-        out.append(_inv(f"p99 {key[:-2].upper()} in the last tenth within {cfg.max_latency_drift:.0%} of the first",
+        out.append(_inv(f"p99 {key[:-2].upper()} in the last window within {cfg.max_latency_drift:.0%} of the first",
                         pb <= pa * (1 + cfg.max_latency_drift),
-                        f"{1000 * pa:.0f} -> {1000 * pb:.0f} ms ({pb / pa - 1:+.0%}; {len(a)} and {len(b)} requests)"))
+                        f"{1000 * pa:.0f} -> {1000 * pb:.0f} ms ({pb / pa - 1:+.0%}; windows of {window / 60:.1f} min "
+                        f"after warm-up, {len(a)} and {len(b)} requests)"))
     return out
 
 

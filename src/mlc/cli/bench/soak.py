@@ -35,7 +35,8 @@ def register(bench_app: typer.Typer) -> None:
             help="An adapter name the server serves, added to the mix.")] = None,
         max_rss_growth: Annotated[float, typer.Option(help="Allowed RSS growth after the warm-up.")] = 0.05,
         max_latency_drift: Annotated[float, typer.Option(
-            help="Allowed rise of p99 TTFT and TPOT from the first tenth to the last.")] = 0.2,
+            help="Allowed rise of p99 TTFT and TPOT from the first window after warm-up to the last (a fifth of "
+                 "the run, at most 10 minutes).")] = 0.2,
         idle_connections: Annotated[int, typer.Option(
             help="Connections held open without a request, beside the mix (each reopened when cut).")] = 0,
         slow_readers: Annotated[int, typer.Option(
