@@ -281,9 +281,9 @@ def long_share(r: LoadReport) -> float:
 
 def ab_plot(reports: list[LoadReport], path: Path, title: str) -> Path:
     """The short chats' decode TPOT p99 against the share of long prompts, one line per layout."""
-    from mlc.bench.plots import _finish, _pyplot
+    from mlc.bench.plots import finish_axes, pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for i, layout in enumerate(dict.fromkeys(r.layout for r in reports)):
         points = sorted((100 * long_share(r), r.chat_tpot_p99_ms) for r in reports
@@ -295,5 +295,5 @@ def ab_plot(reports: list[LoadReport], path: Path, title: str) -> Path:
                 ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6 if i % 2 == 0 else -13),
                             ha="center", fontsize=8)
     ax.set_yscale("log")  # a stalled layout's p99 is seconds where the other's is milliseconds
-    return _finish(plt, fig, ax, path, title, "long prompts, % of requests",
+    return finish_axes(plt, fig, ax, path, title, "long prompts, % of requests",
                    "short chats' decode TPOT p99 (ms, log scale)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError:
@@ -18,7 +18,7 @@ def _pyplot():
 
 def throughput_plot(series: dict[str, list[tuple[int, float]]], path: Path, title: str) -> Path:
     """One line per server: output tokens/s at each concurrency level."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for label, points in series.items():
         if points:
@@ -30,12 +30,12 @@ def throughput_plot(series: dict[str, list[tuple[int, float]]], path: Path, titl
     levels = sorted({x for points in series.values() for x, _ in points})
     ax.set_xticks(levels, [str(x) for x in levels])
     ax.minorticks_off()
-    return _finish(plt, fig, ax, path, title, "concurrent requests", "output tokens / s")
+    return finish_axes(plt, fig, ax, path, title, "concurrent requests", "output tokens / s")
 
 
 def latency_plot(series: dict[str, list[tuple[int, float | None]]], path: Path, title: str) -> Path:
     """One line per latency statistic (e.g. "TTFT p50", "TPOT p99"), in ms, against the concurrency level."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for label, points in series.items():
         points = sorted((x, y) for x, y in points if y is not None and y == y)  # drop levels with no value (NaN)
@@ -47,12 +47,12 @@ def latency_plot(series: dict[str, list[tuple[int, float | None]]], path: Path, 
     levels = sorted({x for points in series.values() for x, _ in points})
     ax.set_xticks(levels, [str(x) for x in levels])
     ax.minorticks_off()
-    return _finish(plt, fig, ax, path, title, "concurrent requests", "latency (ms, log scale)")
+    return finish_axes(plt, fig, ax, path, title, "concurrent requests", "latency (ms, log scale)")
 
 
 def cdf_plot(series: dict[str, list[float]], path: Path, title: str, xlabel: str) -> Path:
     """Empirical CDF of a latency (ms) per server; the p50 and p99 are readable off the curve."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     for label, values in series.items():
         if values:
@@ -61,10 +61,10 @@ def cdf_plot(series: dict[str, list[float]], path: Path, title: str, xlabel: str
     for q in (0.5, 0.99):
         ax.axhline(q, color="grey", lw=0.6, ls=":")
     ax.set_ylim(0, 1.02)
-    return _finish(plt, fig, ax, path, title, xlabel, "fraction of requests")
+    return finish_axes(plt, fig, ax, path, title, xlabel, "fraction of requests")
 
 
-def _finish(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+def finish_axes(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)

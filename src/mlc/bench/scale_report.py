@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlc.bench.plots import _finish, _pyplot
+from mlc.bench.plots import finish_axes, pyplot
 
 ENGINES = ("mlc", "llama.cpp")
 GOALS = {"c1": 1.1, "c8": 1.5, "c32": 1.5, "roofline": 0.8, "prefill": 1.5, "rss": 1.1, "moe": 0.8,
@@ -143,7 +143,7 @@ def _series(result: dict, value) -> dict[str, list[tuple[float, float]]]:
 
 def _plot(series: dict[str, list[tuple[float, float]]], path: Path, title: str, ylabel: str) -> Path:
     """A colour per architecture, solid for mlc and dashed for llama.cpp; x ticks at the rungs' sizes."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
     colours: dict[str, str] = {}
     for label, points in sorted(series.items(), key=lambda kv: (kv[0].split()[-1], kv[0])):
@@ -159,7 +159,7 @@ def _plot(series: dict[str, list[tuple[float, float]]], path: Path, title: str, 
             sizes.append(x)
     ax.set_xticks(sizes, [f"{x:.2g}" for x in sizes])
     ax.minorticks_off()
-    return _finish(plt, fig, ax, path, title, "parameters read per token (billions, log scale)", ylabel)
+    return finish_axes(plt, fig, ax, path, title, "parameters read per token (billions, log scale)", ylabel)
 
 
 def write_plots(result: dict, out_dir: Path) -> list[Path]:
