@@ -53,6 +53,7 @@ def test_tp2_server_matches_one_rank_then_dies_cleanly(tmp_path):
         assert [status for status, _ in answers] == [200] * 8
         assert [body["choices"][0]["text"] for _, body in answers] == expected
         assert "tensor parallel: 2 ranks over gloo" in srv.log()
+        assert "each worker's part in its process (2 ranks)" in srv.log()  # the worker's pages written at start too
 
         (worker,) = workers_of(srv.proc.pid)
         health: list[int] = []

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from mlc.bench.soak_mix import INJECTED, WEIGHTS, MixContext, body_for
 from mlc.bench.soak_report import check, markdown, plot
 
-CFG = SimpleNamespace(warmup=10.0, max_rss_growth=0.05, max_latency_drift=0.2)
+CFG = SimpleNamespace(warmup=10.0, max_rss_growth=0.05, max_latency_drift=0.2, max_crowd_slowdown=0.2)
 
 
 def _sample(t: float, rss: float, ttft: list[float], fds=20.0, threads=8.0, tasks=10.0, kv=0.1, running=2.0):
@@ -56,15 +56,34 @@ def test_creep_leaks_5xx_and_drift_are_each_named():
     assert verdict(run(last_ttft=0.2))["p99 TTFT in the last window within 20% of the first"] is False
 
 
+def test_a_crowd_that_joins_mid_run_is_judged_against_the_mix_before_it():
+    beside = "p99 TTFT beside the crowd within 20% of before it"
+    assert beside not in verdict(run())  # a crowd from the start (or none): nothing to compare with
+    result = run()
+    result["crowd_started"] = 40.0  # samples every 5 s from 10 s to 105 s: before it 10-40 s, beside it 105 s
+    assert verdict(result)[beside] is True
+    for s in result["samples"]:
+        if s["t"] > 40.0 + 60.0:
+            s["ttft_s"] = [0.1] * 29 + [0.2]  # one slow request in thirty
+    assert verdict(result)[beside] is False
+    for s in result["samples"]:
+        if s["t"] > 40.0 + 60.0:
+            s["ttft_s"] = [0.11] * 30
+        elif s["t"] > 40.0:
+            s["ttft_s"] = [5.0] * 30  # the minute in which the crowd settles is not counted
+    assert verdict(result)[beside] is True
+
+
 def test_a_short_run_says_what_it_cannot_tell(tmp_path):
     result = run()
     for s in result["samples"]:
         s["ttft_s"] = s["tpot_s"] = []
     v = verdict(result)
-    assert v["p99 TTFT drift"] is None and v["p99 TPOT drift"] is None
+    drift = "p99 {} in the last window within 20% of the first"
+    assert v[drift.format("TTFT")] is None and v[drift.format("TPOT")] is None
     result["invariants"] = check(result, CFG)
     table = markdown(result)
-    assert "| p99 TTFT drift | - | too few requests (0 first, 0 last) |" in table
+    assert f"| {drift.format('TTFT')} | - | too few requests (0 first, 0 last) |" in table
     assert "| malformed | 400 | 3 |" in table
     assert plot(result, tmp_path / "soak.png").stat().st_size > 10_000
 

@@ -1,29 +1,59 @@
-"""Fairness across API keys (issue 33's goal): a quiet key's p99 TTFT alone, then beside a key that floods at 10x its
-requests-per-minute limit; the goal is the second within 25% of the first.
+"""`bench fairness`: fairness across API keys (issue 33's goal). A quiet key's p99 TTFT alone, then beside a key that
+floods at 10x its requests-per-minute limit; the goal is the second within 25% of the first.
 
-    mlc-cli keys hash quiet --key quiet-key > keys.yaml
-    mlc-cli keys hash flood --key flood-key --requests-per-minute 60 >> keys.yaml
-    mlc-cli serve --api-key-file keys.yaml &
-    python -m mlc.bench.key_fairness --url http://127.0.0.1:8080 --quiet-key quiet-key --flood-key flood-key \\
-        --flood-limit 60 --seconds 20
-
-The quiet key sends one streaming request at a time (`--quiet-rps` a second at most); the flood key sends
-`10 x --flood-limit` requests a minute, each in its own task, and its 429s are counted, not retried.
+It starts `mlc-cli serve` on its defaults with a key file of its own (a quiet key without limits, and one flood key
+a round, each with `flood_limit` requests a minute: a fresh key finds its rolling minute empty, so every round's
+flood is the same), or loads a running server (`url`) with keys the caller gives. Each round is `seconds` of the
+quiet key alone, then `seconds` of both. The quiet key sends one streaming request at a time (`quiet_rps` a second
+at most); the flood key sends `10 x flood_limit` non-streaming requests a minute, each in its own task, and its 429s
+are counted, not retried. The verdict pools the rounds' TTFTs.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import httpx
+
+from mlc.bench import peers
+
+GOAL = 1.25
+
+
+@dataclass
+class FairnessConfig:
+    out_dir: Path
+    url: str | None = None  # a running server; default: start `mlc-cli serve` with its own key file
+    model: str | None = None
+    server_args: list[str] = field(default_factory=list)
+    quiet_key: str | None = None  # with `url`: the keys the server knows
+    flood_keys: list[str] = field(default_factory=list)  # one a round (reused round-robin when fewer)
+    flood_limit: int = 60  # the flood key's requests_per_minute
+    rounds: int = 3
+    seconds: float = 20.0
+    quiet_rps: float = 2.0
+    max_tokens: int = 16
 
 
 def p99(values: list[float]) -> float:
     xs = sorted(values)
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+
+
+def write_key_file(path: Path, rounds: int, flood_limit: int) -> tuple[str, list[str]]:
+    """A key file with a quiet key and `rounds` flood keys; (the quiet key, the flood keys)."""
+    from mlc.server.keys import entry_text, new_key
+
+    quiet, floods = new_key(), [new_key() for _ in range(rounds)]
+    text = entry_text("quiet", quiet) + "".join(entry_text(f"flood{i}", k, requests_per_minute=flood_limit)
+                                                for i, k in enumerate(floods))
+    path.write_text(text)
+    path.chmod(0o600)
+    return quiet, floods
 
 
 async def ttft(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -> float | None:
@@ -33,7 +63,7 @@ async def ttft(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -
                              headers={"Authorization": f"Bearer {key}"}) as r:
         if r.status_code != 200:
             await r.aread()
-            return None
+            raise RuntimeError(f"the quiet key's request got {r.status_code}: {r.text[:300]}")
         first = None
         async for line in r.aiter_lines():
             if first is None and line.startswith("data: ") and '"text"' in line:
@@ -41,24 +71,25 @@ async def ttft(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -
         return first
 
 
-async def quiet_run(client, args, stop: float) -> list[float]:
+async def quiet_run(client: httpx.AsyncClient, url: str, key: str, cfg: FairnessConfig, stop: float) -> list[float]:
     out: list[float] = []
     while time.monotonic() < stop:
         t0 = time.monotonic()
-        t = await ttft(client, args.url, args.quiet_key, args.max_tokens)
+        t = await ttft(client, url, key, cfg.max_tokens)
         if t is not None:
             out.append(t)
-        await asyncio.sleep(max(0.0, 1.0 / args.quiet_rps - (time.monotonic() - t0)))
+        await asyncio.sleep(max(0.0, 1.0 / cfg.quiet_rps - (time.monotonic() - t0)))
     return out
 
 
-async def flood_run(client, args, stop: float, counts: dict[str, int]) -> None:
-    gap = 60.0 / (10 * args.flood_limit)
+async def flood_run(client: httpx.AsyncClient, url: str, key: str, cfg: FairnessConfig, stop: float,
+                    counts: dict[str, int]) -> None:
+    gap = 60.0 / (10 * cfg.flood_limit)
     tasks = []
 
     async def one() -> None:
-        r = await client.post(args.url + "/v1/completions", headers={"Authorization": f"Bearer {args.flood_key}"},
-                              json={"prompt": "Tell me everything about rivers.", "max_tokens": args.max_tokens})
+        r = await client.post(url + "/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                              json={"prompt": "Tell me everything about rivers.", "max_tokens": cfg.max_tokens})
         counts[str(r.status_code)] = counts.get(str(r.status_code), 0) + 1
 
     while time.monotonic() < stop:
@@ -67,26 +98,43 @@ async def flood_run(client, args, stop: float, counts: dict[str, int]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def main(args) -> dict:
+async def _rounds(url: str, quiet: str, floods: list[str], cfg: FairnessConfig, progress) -> dict:
+    rounds = []
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=1000)) as client:
-        await ttft(client, args.url, args.quiet_key, args.max_tokens)  # warm-up, not counted
-        alone = await quiet_run(client, args, time.monotonic() + args.seconds)
-        counts: dict[str, int] = {}
-        stop = time.monotonic() + args.seconds
-        flooded, _ = await asyncio.gather(quiet_run(client, args, stop), flood_run(client, args, stop, counts))
+        await ttft(client, url, quiet, cfg.max_tokens)  # warm-up, not counted
+        for i in range(cfg.rounds):
+            alone = await quiet_run(client, url, quiet, cfg, time.monotonic() + cfg.seconds)
+            counts: dict[str, int] = {}
+            stop = time.monotonic() + cfg.seconds
+            flooded, _ = await asyncio.gather(quiet_run(client, url, quiet, cfg, stop),
+                                              flood_run(client, url, floods[i % len(floods)], cfg, stop, counts))
+            rounds.append({"alone_s": alone, "flooded_s": flooded, "flood_statuses": counts,
+                           "p99_ratio": round(p99(flooded) / p99(alone), 3)})
+            progress(f"round {i + 1}: quiet p99 TTFT {1000 * p99(alone):.1f} ms alone, {1000 * p99(flooded):.1f} ms "
+                     f"beside the flood ({rounds[-1]['p99_ratio']:.2f}x); flood statuses {counts}")
+    alone = [t for r in rounds for t in r["alone_s"]]
+    flooded = [t for r in rounds for t in r["flooded_s"]]
     ratio = p99(flooded) / p99(alone)
-    return {"quiet_alone": {"n": len(alone), "p99_ttft_s": round(p99(alone), 4)},
-            "quiet_with_flood": {"n": len(flooded), "p99_ttft_s": round(p99(flooded), 4)},
-            "flood_statuses": counts, "p99_ratio": round(ratio, 3), "goal_met": ratio <= 1.25}
+    return {"quiet_alone": {"n": len(alone), "p50_ttft_s": round(sorted(alone)[len(alone) // 2], 4),
+                            "p99_ttft_s": round(p99(alone), 4)},
+            "quiet_with_flood": {"n": len(flooded), "p50_ttft_s": round(sorted(flooded)[len(flooded) // 2], 4),
+                                 "p99_ttft_s": round(p99(flooded), 4)},
+            "rounds": rounds, "p99_ratio": round(ratio, 3), "goal": GOAL, "goal_met": ratio <= GOAL}
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--url", default="http://127.0.0.1:8080")
-    ap.add_argument("--quiet-key", required=True)
-    ap.add_argument("--flood-key", required=True)
-    ap.add_argument("--flood-limit", type=int, default=60, help="the flood key's requests_per_minute")
-    ap.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
-    ap.add_argument("--quiet-rps", type=float, default=2.0)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    print(json.dumps(asyncio.run(main(ap.parse_args())), indent=2))
+def run_fairness(cfg: FairnessConfig, progress=print) -> dict:
+    from mlc.bench.compare_run import machine
+
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        url, quiet, floods = cfg.url, cfg.quiet_key, cfg.flood_keys
+        if url is None:
+            quiet, floods = write_key_file(cfg.out_dir / "keys.yaml", cfg.rounds, cfg.flood_limit)
+            spec = peers.ours(cfg.model or "smollm2-135m-instruct", cfg.out_dir,
+                              ["--api-key-file", str(cfg.out_dir / "keys.yaml"), *cfg.server_args])
+            progress(f"starting {spec.label}")
+            url = stack.enter_context(peers.RunningServer(spec)).spec.url
+        result = asyncio.run(_rounds(url, quiet, floods, cfg, progress))
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
+              if k not in ("quiet_key", "flood_keys")}  # never the keys
+    return {**result, "config": config, "machine": machine()}

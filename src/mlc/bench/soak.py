@@ -44,6 +44,8 @@ class SoakConfig:
     max_latency_drift: float = 0.2
     idle_connections: int = 0  # held open beside the mix (reopened when the server cuts them)
     slow_readers: int = 0  # long streams read a byte a second
+    crowd_after_s: float = 0.0  # when the crowd joins: 0 from the start; later, the mix's p99 before it is the baseline
+    max_crowd_slowdown: float = 0.2  # allowed rise of the mix's p99 TTFT and TPOT once the crowd is there
     seed: int = 0
 
     @property
@@ -135,12 +137,10 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
             rate = max(0.05, cfg.load * saturation)
         progress(f"soak: {cfg.duration_s:.0f} s at {rate:.2f} requests/s"
                  + (f" ({cfg.load:.0%} of {saturation:.2f} measured)" if saturation else ""))
-        crowd = None
+        crowd, crowd_started = None, None
         if cfg.idle_connections or cfg.slow_readers:
             where = httpx.URL(url)
             crowd = Crowd(where.host, where.port or 80, ctx.model, cfg.idle_connections, cfg.slow_readers)
-            crowd.start()
-            progress(f"holding {cfg.idle_connections} idle connections and {cfg.slow_readers} slow readers")
         finished: list[Outcome] = []
         samples: list[dict] = []
         tasks: set[asyncio.Task] = set()
@@ -149,8 +149,14 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
         arrival = 0.0
         while time.monotonic() - t0 < cfg.duration_s:
             now = time.monotonic() - t0
+            if crowd is not None and crowd_started is None and now >= cfg.crowd_after_s:
+                crowd.start()
+                crowd_started = now
+                progress(f"{now:6.0f} s: holding {cfg.idle_connections} idle connections and {cfg.slow_readers} "
+                         "slow readers from now on")
             if now >= next_sample:
-                samples.append(await _sample(client, url, pid, t0, finished, since, crowd))
+                samples.append(await _sample(client, url, pid, t0, finished, since,
+                                             crowd if crowd_started is not None else None))
                 since = len(finished)
                 next_sample += cfg.sample_s
                 s = samples[-1]
@@ -165,7 +171,7 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
             await asyncio.sleep(max(0.0, min(arrival, next_sample) - (time.monotonic() - t0)))
         if tasks:
             await asyncio.wait(tasks, timeout=600)
-        if crowd is not None:
+        if crowd_started is not None:
             await crowd.stop()
         drained = time.monotonic()
         while time.monotonic() - drained < DRAIN_S:  # the server ends aborted requests and frees their pages
@@ -174,6 +180,7 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
                 break
             await asyncio.sleep(1.0)
         return {"rate": rate, "saturation": saturation, "t0": t0, "server_started": started,
+                "crowd_started": crowd_started,
                 "samples": samples, "end": end, "outcomes": [asdict(o) for o in finished]}
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from mlc.bench.plots import _pyplot
+from mlc.bench.plots import pyplot
 
 FD_SLACK, THREAD_SLACK, TASK_SLACK = 16, 4, 32  # what "flat" allows between the warm-up's end and the drained end
 DRIFT_WINDOW_S = 600.0  # the goal compares the first and last ten minutes of an hour
+CROWD_SETTLE_S = 60.0  # after the crowd joins: its slow readers' streams are generated, its sockets all open
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -70,7 +71,19 @@ def check(result: dict, cfg) -> list[dict]:
                     None if p99 is None else p99 < 100 and not failed,
                     f"p99 {p99 or 0:.1f} ms over {len(health)} probes, {failed} failed"))
     out += _drift(warm, cfg)
+    out += _crowd_effect(result, cfg)
     return out
+
+
+def _crowd_effect(result: dict, cfg) -> list[dict]:
+    """With a crowd that joined mid-run (`crowd_after_s`): the mix's p99 TTFT and TPOT beside it, from a minute after
+    it joined, against the same server's before it (after the warm-up)."""
+    joined = result.get("crowd_started")
+    if not joined:
+        return []
+    before = [s for s in result["samples"] if cfg.warmup <= s["t"] <= joined]
+    after = [s for s in result["samples"] if s["t"] > joined + CROWD_SETTLE_S]
+    return _p99_rise(before, after, cfg.max_crowd_slowdown, "beside the crowd", "of before it", ("before", "beside"))
 
 
 def drift_window(span: float) -> float:
@@ -85,18 +98,24 @@ def _drift(warm: list[dict], cfg) -> list[dict]:
     window = drift_window(warm[-1]["t"] - warm[0]["t"])
     first = [s for s in warm if s["t"] <= warm[0]["t"] + window]
     last = [s for s in warm if s["t"] >= warm[-1]["t"] - window]
+    return _p99_rise(first, last, cfg.max_latency_drift, "in the last window", "of the first", ("first", "last"),
+                     f"windows of {window / 60:.1f} min after warm-up, ")
+
+
+def _p99_rise(base: list[dict], then: list[dict], allowed: float, where: str, than: str, labels: tuple[str, str],
+              detail: str = "") -> list[dict]:
+    """p99 TTFT and TPOT of the requests finished in samples `then` at most `allowed` above those in `base`."""
     out = []
     for key in ("ttft_s", "tpot_s"):
-        a = [v for s in first for v in s[key]]
-        b = [v for s in last for v in s[key]]
+        a = [v for s in base for v in s[key]]
+        b = [v for s in then for v in s[key]]
         pa, pb = pct(a, 0.99), pct(b, 0.99)
+        name = f"p99 {key[:-2].upper()} {where} within {allowed:.0%} {than}"
         if len(a) < 20 or len(b) < 20 or not pa or not pb:
-            out.append(_inv(f"p99 {key[:-2].upper()} drift", None, f"too few requests ({len(a)} first, {len(b)} last)"))
+            out.append(_inv(name, None, f"too few requests ({len(a)} {labels[0]}, {len(b)} {labels[1]})"))
             continue
-        out.append(_inv(f"p99 {key[:-2].upper()} in the last window within {cfg.max_latency_drift:.0%} of the first",
-                        pb <= pa * (1 + cfg.max_latency_drift),
-                        f"{1000 * pa:.0f} -> {1000 * pb:.0f} ms ({pb / pa - 1:+.0%}; windows of {window / 60:.1f} min "
-                        f"after warm-up, {len(a)} and {len(b)} requests)"))
+        out.append(_inv(name, pb <= pa * (1 + allowed), f"{1000 * pa:.0f} -> {1000 * pb:.0f} ms ({pb / pa - 1:+.0%}; "
+                        f"{detail}{len(a)} and {len(b)} requests)"))
     return out
 
 
@@ -119,7 +138,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     samples = result["samples"]
     t = [s["t"] / 60 for s in samples]
     fig, axes = plt.subplots(3, 1, figsize=(7.5, 8), dpi=110, sharex=True)

@@ -83,6 +83,11 @@ class ModelRunner:
 
             log.info("CPU kernels: %s", kernel_status())
 
+    def touch_cache(self) -> int:
+        """Write every KV page once (`KVCache.touch`), on every rank that holds a part of the cache; the bytes of
+        this rank's part."""
+        return self.kv_cache.touch()
+
     def apply_copies(self, copies: list[PageCopy]) -> None:
         ps = self.kv_cache.page_size
         for c in copies:

@@ -112,6 +112,9 @@ class PPModelRunner(ModelRunner):
         self.busy = [0.0] * group.stages  # per stage: seconds computing, and steps run
         self.steps = [0] * group.stages
 
+    def touch_cache(self) -> int:
+        return self.group.run("touch_cache", super().touch_cache)
+
     def apply_copies(self, copies: list[PageCopy]) -> None:
         self.copies += copies  # they travel with the next step, to every stage
 

@@ -24,6 +24,9 @@ class TPModelRunner(ModelRunner):
     def execute(self, step: StepInputs) -> tuple[torch.Tensor, dict[int, list[float]]]:
         return self.group.run("execute", super().execute, step)
 
+    def touch_cache(self) -> int:
+        return self.group.run("touch_cache", super().touch_cache)
+
     def apply_copies(self, copies: list[PageCopy]) -> None:
         if copies:
             self.group.run("apply_copies", super().apply_copies, copies)

@@ -51,6 +51,9 @@ class CacheHolder:
             raise RuntimeError("the driver sent a step before init_cache")
         return self._runner
 
+    def touch_cache(self) -> int:
+        return self.runner.touch_cache()
+
     def init_cache(self, num_pages: int, page_size: int, kv_cache_dtype: str) -> None:
         from mlc.engine.kv_cache import KVCache, kv_dtype
         from mlc.engine.model_runner import ModelRunner

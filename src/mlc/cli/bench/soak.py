@@ -41,6 +41,12 @@ def register(bench_app: typer.Typer) -> None:
             help="Connections held open without a request, beside the mix (each reopened when cut).")] = 0,
         slow_readers: Annotated[int, typer.Option(
             help="Clients that ask for a 256-token stream and read it a byte a second.")] = 0,
+        crowd_after: Annotated[float, typer.Option(
+            help="Seconds into the run at which the idle connections and slow readers join (0: from the start). "
+                 "Later than the warm-up, the mix's p99 TTFT and TPOT before they join is the baseline they are "
+                 "judged against (from a minute after they join).")] = 0.0,
+        max_crowd_slowdown: Annotated[float, typer.Option(
+            help="Allowed rise of the mix's p99 TTFT and TPOT beside the crowd (with --crowd-after).")] = 0.2,
         out: Annotated[Optional[Path], typer.Option(
             "--out", help="Directory for soak.json, soak.md, soak.png and the server log "
                           "(default: bench-soak-<time>).")] = None,
@@ -54,14 +60,16 @@ def register(bench_app: typer.Typer) -> None:
         from mlc.errors import InvalidRequestError
 
         if duration <= 0 or sample <= 0 or not 0 < load <= 1 or (rate is not None and rate <= 0) or \
-                min(idle_connections, slow_readers) < 0:
+                min(idle_connections, slow_readers) < 0 or not 0 <= crowd_after < duration:
             raise InvalidRequestError("--duration and --sample must be positive, --load in (0, 1], --rate above 0, "
-                                      "--idle-connections and --slow-readers 0 or more")
+                                      "--idle-connections and --slow-readers 0 or more, --crowd-after from 0 to "
+                                      "less than --duration")
         out_dir = out or Path(time.strftime("bench-soak-%Y%m%d-%H%M%S"))
         cfg = SoakConfig(out_dir=out_dir, duration_s=duration, url=url.rstrip("/") if url else None, model=model,
                          server_args=list(server_arg or []), rate=rate, load=load, sample_s=sample, warmup_s=warmup,
                          lora=lora, max_rss_growth=max_rss_growth, max_latency_drift=max_latency_drift,
-                         idle_connections=idle_connections, slow_readers=slow_readers, seed=seed)
+                         idle_connections=idle_connections, slow_readers=slow_readers, crowd_after_s=crowd_after,
+                         max_crowd_slowdown=max_crowd_slowdown, seed=seed)
         _, ok = run_soak(cfg, progress=lambda msg: console.print(msg, highlight=False))
         console.print(Markdown((out_dir / "soak.md").read_text()))
         console.print(f"wrote {out_dir}/soak.json, {out_dir}/soak.md, {out_dir}/soak.png")
