@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from mlc.config.device import DTYPES, resolve_device
 from mlc.config.train_config import LoraSection
@@ -109,15 +110,60 @@ def load_adapter(model, adapter_dir: str | Path, trainable: bool = False):
         raise ModelFormatError(f"{adapter_dir}: adapter does not fit this base model ({e})") from None
 
 
+CE_CHUNK_TOKENS = 512  # target tokens whose logits exist at once in `loss_sum` (512 x 49,152 fp32: 96 MiB)
+
+
 def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Summed next-token cross entropy over unmasked labels (fp32); callers divide by the token count."""
-    with autocast(device, dtype):
-        logits = model(**model_inputs(batch, device)).logits
+    """Summed next-token cross entropy over unmasked labels (fp32); callers divide by the token count.
+
+    The output head runs only at positions that carry a label, `CE_CHUNK_TOKENS` of them at a time, each chunk's
+    logits recomputed in the backward (activation checkpointing) rather than kept: batch x tokens x vocabulary logits
+    never exist at once (about 1.2 GB at 2,048 tokens for the default model), and masked prompt tokens cost no head.
+    A model wrapped for data parallelism, or one whose head scales or caps its logits, takes the plain path."""
+    parts = _decoder_and_head(model)
     targets = batch["labels"][:, 1:].to(device)
-    return F.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-        ignore_index=IGNORE_INDEX, reduction="sum",
-    )
+    if parts is None:
+        with autocast(device, dtype):
+            logits = model(**model_inputs(batch, device)).logits
+        return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+    decoder, head = parts
+    with autocast(device, dtype):
+        hidden = decoder(**model_inputs(batch, device)).last_hidden_state[:, :-1]
+    keep = targets != IGNORE_INDEX
+    hidden, targets = hidden[keep], targets[keep]
+    total = hidden.sum() * 0.0  # a batch without targets still gives a graph (every parameter's gradient 0)
+    for i in range(0, hidden.shape[0], CE_CHUNK_TOKENS):
+        total = total + torch.utils.checkpoint.checkpoint(
+            _chunk_ce, head, hidden[i : i + CE_CHUNK_TOKENS], targets[i : i + CE_CHUNK_TOKENS], device, dtype,
+            use_reentrant=False)
+    return total.float()
+
+
+def _chunk_ce(head, hidden: torch.Tensor, targets: torch.Tensor, device: torch.device,
+              dtype: torch.dtype) -> torch.Tensor:
+    with autocast(device, dtype):
+        logits = head(hidden)
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def _decoder_and_head(model):
+    """(the decoder that gives the final hidden states, the output head) of a transformers causal LM (PEFT-wrapped or
+    not), or None where calling them apart from the model's forward would change the result."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):  # its gradient hooks hang on its own forward
+        return None
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(causal, "config", None)
+    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in \
+            (None, 1, 1.0):
+        return None
+    try:
+        decoder, head = causal.get_decoder(), causal.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (decoder, head) if decoder is not None and head is not None and decoder is not causal else None
 
 
 def trainable_parameters(model) -> list[torch.nn.Parameter]:

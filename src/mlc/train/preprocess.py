@@ -159,7 +159,9 @@ def pack_rows(examples: list[tuple[list[int], list[int]]], max_seq_len: int, mul
             flush()
             cur = {"input_ids": [], "labels": [], "position_ids": []}
         cur["input_ids"] += ids
-        cur["labels"] += labels
+        # a row's first token is never a target on its own (the shift drops it); packed, it would be predicted from
+        # the previous row's last token
+        cur["labels"] += [IGNORE_INDEX] + labels[1:]
         cur["position_ids"] += list(range(len(ids)))
     if cur["input_ids"]:
         flush()

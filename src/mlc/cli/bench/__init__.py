@@ -8,7 +8,8 @@ import importlib
 import typer
 
 # in the order --help lists them
-COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "soak", "spec", "tp", "pp", "pd", "lora"]
+COMMANDS = ["serve", "offline", "kv", "quant", "compare", "scale", "soak", "fairness", "spec", "tp", "pp", "pd",
+            "lora", "train"]
 
 
 def register(app: typer.Typer) -> None:

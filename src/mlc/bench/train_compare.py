@@ -1,0 +1,231 @@
+"""`bench train`: LoRA SFT on the default model with our trainer and with transformers' Trainer + PEFT, on the same
+config, in the same run (issue 32's goals: >= 1.5x tokens/s, <= 0.6x peak RSS, the same loss curve within 1e-3).
+
+Each side runs in a fresh process (`python -m mlc.bench.train_compare SIDE SPEC`), `rounds` times, alternating
+which goes first. Both build their model the same way: our `LoRATrainer.setup()` loads the base, seeds and attaches
+the PEFT adapter, reads and tokenizes the data and plans the steps. Ours then runs its own steps; the peer hands the
+same PEFT model to a `transformers.Trainer` with the same optimizer settings, schedule, clipping, precision and the
+very batches our plan gives, in order (a sequential sampler over the rows in step order). LoRA dropout is 0 so that
+the two loss curves can be compared step by step.
+
+Per step each side records its loss, seconds (from one step's end to the next's, collation included), tokens
+(non-padding) and RSS. Peak RSS is reported two ways: the process's (loading included) and the training's (VmHWM
+reset after set-up, `/proc/self/clear_refs`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+SIDES = ("mlc", "hf")
+
+
+@dataclass
+class TrainBenchConfig:
+    out_dir: Path
+    model: str = "smollm2-135m-instruct"
+    data: str = "data/customer_service.jsonl"
+    steps: int = 50
+    rounds: int = 1
+    overrides: dict = field(default_factory=dict)  # TrainConfig keys (dotted), on top of its defaults
+
+
+def train_config(cfg: TrainBenchConfig, output_dir: str) -> dict:
+    raw: dict = {"model": cfg.model, "data": {"train": cfg.data}, "max_steps": cfg.steps, "lora": {"dropout": 0.0},
+                 "save_every": 10**6, "output_dir": output_dir}
+    for key, value in cfg.overrides.items():
+        node = raw
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return raw
+
+
+def _rss_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux 4.0+)
+        return True
+    except OSError:
+        return False
+
+
+def _setup(raw: dict):
+    from mlc.config.loader import validate_train_config
+    from mlc.train.trainer import LoRATrainer, RunOptions
+
+    trainer = LoRATrainer(validate_train_config(raw), RunOptions(fresh=True, progress=False))
+    trainer.setup()
+    return trainer
+
+
+def run_mlc(trainer) -> list[dict]:
+    steps = []
+    last = time.perf_counter()
+    for step in range(trainer.total_steps):
+        record = trainer.train_step(step)
+        now = time.perf_counter()
+        steps.append({"loss": record["loss"], "seconds": now - last, "tokens": record["tokens"],
+                      "rss_kib": _rss_kib("VmRSS")})
+        last = now
+    return steps
+
+
+def run_hf(trainer) -> list[dict]:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from mlc.train.data import collate, model_inputs
+
+    cfg, plan = trainer.cfg, trainer.plan
+    if cfg.gradient_accumulation_steps != 1:
+        raise ValueError("bench train compares one micro-batch a step (gradient_accumulation_steps: 1)")
+    order = [i for step in range(trainer.total_steps) for i in plan.micro_batches(step)[0]]
+    dataset = [trainer.rows[i] for i in order]
+    pad = trainer.tokenizer.pad_token_id if trainer.tokenizer.pad_token_id is not None else 0
+
+    def collator(rows: list[dict]) -> dict:
+        batch = collate(rows, pad)
+        return {**model_inputs(batch, torch.device("cpu")), "labels": batch["labels"]}
+
+    class InOrder(Trainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    steps: list[dict] = []
+    tokens = [sum(sum(r["attention_mask"]) for r in dataset[i : i + cfg.batch_size])
+              for i in range(0, len(dataset), cfg.batch_size)]
+
+    class Timer(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            steps.append({"seconds": now - self.last, "tokens": tokens[len(steps)], "rss_kib": _rss_kib("VmRSS")})
+            self.last = now
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs and steps:
+                steps[-1]["loss"] = float(logs["loss"])
+
+    o = cfg.optimizer
+    with tempfile.TemporaryDirectory() as tmp:
+        args = TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=cfg.batch_size, gradient_accumulation_steps=1,
+            max_steps=trainer.total_steps, learning_rate=o.lr, adam_beta1=o.betas[0], adam_beta2=o.betas[1],
+            adam_epsilon=o.eps, weight_decay=o.weight_decay, max_grad_norm=cfg.clip_norm or 0.0,
+            lr_scheduler_type="constant_with_warmup" if cfg.lr_schedule.type == "constant" else cfg.lr_schedule.type,
+            warmup_steps=cfg.lr_schedule.warmup_for(trainer.total_steps), bf16=trainer.dtype == torch.bfloat16,
+            logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
+            dataloader_num_workers=0, remove_unused_columns=False, seed=cfg.seed)
+        hf = InOrder(model=trainer.peft_model, args=args, train_dataset=dataset, data_collator=collator,
+                           callbacks=[Timer()])
+        hf.train()
+    return steps
+
+
+def side_main(side: str, spec: dict) -> dict:
+    """One side's run, in this process: set-up, then the steps; what it measured."""
+    start = time.perf_counter()
+    trainer = _setup(spec["config"])
+    setup_s = time.perf_counter() - start
+    load_peak = _rss_kib("VmHWM")
+    reset = _reset_peak()
+    steps = (run_mlc if side == "mlc" else run_hf)(trainer)
+    return {"side": side, "setup_s": setup_s, "steps": steps, "process_peak_kib": max(load_peak, _rss_kib("VmHWM")),
+            "train_peak_kib": _rss_kib("VmHWM") if reset else None, "dtype": str(trainer.dtype)}
+
+
+def _run_side(side: str, cfg: TrainBenchConfig, round_no: int) -> dict:
+    out = cfg.out_dir / f"{side}-{round_no}.json"
+    spec = {"config": train_config(cfg, str(cfg.out_dir / f"run-{side}")), "out": str(out)}
+    proc = subprocess.run([sys.executable, "-m", "mlc.bench.train_compare", side, json.dumps(spec)],
+                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench train: the {side} side failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def summarize(run: dict) -> dict:
+    steps = run["steps"][1:]  # the first step carries one-off costs (allocations, kernel choice) on both sides
+    seconds = sum(s["seconds"] for s in steps)
+    return {"tokens_per_s": sum(s["tokens"] for s in steps) / seconds if seconds else 0.0,
+            "process_peak_mib": run["process_peak_kib"] / 1024,
+            "train_peak_mib": (run["train_peak_kib"] or 0) / 1024 or None, "setup_s": run["setup_s"]}
+
+
+def run_train_bench(cfg: TrainBenchConfig, progress=print) -> dict:
+    from mlc.bench.compare_run import machine
+
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+    for r in range(cfg.rounds):
+        for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+            progress(f"round {r + 1}: {side} ({cfg.steps} steps)")
+            runs[side].append(_run_side(side, cfg, r))
+            s = summarize(runs[side][-1])
+            progress(f"  {s['tokens_per_s']:.0f} tokens/s, peak RSS {s['process_peak_mib']:.0f} MiB "
+                     f"(training {s['train_peak_mib'] or 0:.0f} MiB)")
+    return verdict(runs, cfg) | {"machine": machine()}
+
+
+def verdict(runs: dict[str, list[dict]], cfg: TrainBenchConfig) -> dict:
+    per = {side: [summarize(r) for r in runs[side]] for side in SIDES}
+
+    def median(side: str, key: str) -> float:
+        xs = sorted(s[key] or 0.0 for s in per[side])
+        return xs[len(xs) // 2]
+
+    speed = median("mlc", "tokens_per_s") / median("hf", "tokens_per_s")
+    rss = median("mlc", "process_peak_mib") / median("hf", "process_peak_mib")
+    a, b = runs["mlc"][0]["steps"], runs["hf"][0]["steps"]
+    diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(a, b) if "loss" in x and "loss" in y]
+    return {"config": {**asdict(cfg), "out_dir": str(cfg.out_dir)}, "per_round": per, "runs": runs,
+            "speed_ratio": round(speed, 3), "peak_rss_ratio": round(rss, 3),
+            "max_loss_diff": max(diffs) if diffs else None, "steps_compared": len(diffs),
+            "goals": {"tokens_per_s >= 1.5x": speed >= 1.5, "peak RSS <= 0.6x": rss <= 0.6,
+                      "loss within 1e-3 every step": bool(diffs) and max(diffs) <= 1e-3 and len(diffs) == cfg.steps}}
+
+
+def plot(result: dict, path: Path) -> Path:
+    from mlc.bench.plots import pyplot
+
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 6.5), dpi=110, sharex=True)
+    for side, label in (("mlc", "mlc"), ("hf", "transformers Trainer + PEFT")):
+        steps = result["runs"][side][0]["steps"]
+        xs = list(range(1, len(steps) + 1))
+        ax1.plot(xs, [s.get("loss", float("nan")) for s in steps], label=label)
+        ax2.plot(xs, [s["rss_kib"] / 1024 for s in steps], label=label)
+    ax1.set_ylabel("training loss")
+    ax2.set_ylabel("RSS (MiB)")
+    ax2.set_xlabel("step")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"LoRA SFT: {result['speed_ratio']:.2f}x tokens/s, {result['peak_rss_ratio']:.2f}x peak RSS "
+                 "(mlc / transformers)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    side_arg, spec_arg = sys.argv[1], json.loads(sys.argv[2])
+    Path(spec_arg["out"]).write_text(json.dumps(side_main(side_arg, spec_arg)))
