@@ -36,8 +36,9 @@ def build_tokenizer(out: Path):
     return fast
 
 
-def build_tiny_llama(out: Path, seed: int = 0) -> Path:
-    """config.json + model.safetensors + tokenizer files of a 2-layer Llama (hidden 32), weights random."""
+def build_tiny_llama(out: Path, seed: int = 0, hidden_size: int = 32) -> Path:
+    """config.json + model.safetensors + tokenizer files of a 2-layer Llama (hidden 32 unless asked), weights
+    random."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,7 +48,8 @@ def build_tiny_llama(out: Path, seed: int = 0) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(out)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
     )

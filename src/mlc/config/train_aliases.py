@@ -51,9 +51,9 @@ LLAMA_FACTORY: dict[str, str] = {
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Keys that name the kind of run: the value mlc-cli train does, or why another value is refused.
 RUN_KIND = {
-    "finetuning_type": ("lora", "mlc-cli train trains LoRA adapters (finetuning_type: lora) only"),
     "do_train": (True, "mlc-cli train always trains; evaluate with `mlc-cli eval`"),
 }
+FINETUNING_TYPES = ("lora", "qlora")
 SCHEDULER_NAMES = {"constant_with_warmup": "constant"}  # ours warm up first whatever the type
 PARALLEL_KEYS = ("data_parallel", "model_parallel", "pipeline_stage")
 
@@ -74,6 +74,7 @@ def normalize_train_aliases(raw: dict, notes: list[str] | None = None,
     _betas(data, origin, default_betas)
     _parallel(data, origin, notes)
     _run_kind(data, notes)
+    _finetuning(data, notes)
     _precision_flags(data, origin)
     _dataset(data, origin)
     _lora_target(data, notes)
@@ -154,6 +155,28 @@ def _run_kind(data: dict, notes: list[str]) -> None:
         template = data.pop("template")
         notes.append(f"template: {template} -> the chat template in the model's tokenizer_config.json (GLM-4's for a "
                      "GLM checkpoint without one); preprocess and serving use the same one")
+
+
+def _finetuning(data: dict, notes: list[str]) -> None:
+    """`finetuning_type: lora | qlora` (freeze and full are refused: not built); LLaMA-Factory's `quantization_bit: 4`
+    on a lora run means qlora."""
+    kind = data.get("finetuning_type")
+    if isinstance(kind, str):
+        kind = data["finetuning_type"] = kind.lower()
+    if kind is not None and kind not in FINETUNING_TYPES:
+        raise ValueError(f"finetuning_type: {data['finetuning_type']!r}: mlc-cli train trains LoRA adapters on a "
+                         "frozen base (lora) or on a base stored 4-bit (qlora); freeze and full tuning are not built "
+                         "yet")
+    if "quantization_bit" not in data:
+        return
+    bits = data.pop("quantization_bit")
+    if bits is None:
+        return
+    if bits != 4:
+        raise ValueError(f"quantization_bit: {bits!r}: mlc-cli train stores the frozen base 4-bit only "
+                         "(quantization_bit: 4, or finetuning_type: qlora)")
+    data["finetuning_type"] = "qlora"
+    notes.append("quantization_bit: 4 -> finetuning_type: qlora (the base's linear layers stored 4-bit)")
 
 
 def _precision_flags(data: dict, origin: dict[str, str]) -> None:

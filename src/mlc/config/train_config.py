@@ -127,6 +127,9 @@ class TrainConfig(_Section):
     # data-parallel processes (torchrun); `--nproc` wins; tutorial: parallel_config.data_parallel
     nproc: int = Field(1, ge=1)
     tensor_parallel: int = Field(1, ge=1)  # ranks each copy of the model is split over; tutorial: model_parallel
+    # lora: the frozen base as loaded; qlora: its decoder's linear layers stored 4-bit (LLaMA-Factory's
+    # quantization_bit: 4), the adapter as lora.dtype says
+    finetuning_type: Literal["lora", "qlora"] = "lora"
     # Preference stages (LLaMA-Factory's keys): dpo (pref_loss sigmoid/ipo/orpo/simpo), kto, rm (a reward head).
     stage: Stage = "sft"
     pref_loss: PrefLoss = "sigmoid"
@@ -145,6 +148,9 @@ class TrainConfig(_Section):
             )
         if self.stage in PREF_STAGES:
             self._check_preference()
+        if self.finetuning_type == "qlora" and self.tensor_parallel > 1:
+            raise ValueError("finetuning_type: qlora is not built for tensor_parallel > 1 yet; set tensor_parallel: 1 "
+                             "(data-parallel processes, nproc, work) or finetuning_type: lora")
         return self
 
     def _check_preference(self) -> None:

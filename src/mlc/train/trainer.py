@@ -89,6 +89,7 @@ def build_scheduler(cfg: TrainConfig, optimizer, total_steps: int):
 class LoRATrainer:
     tp: TPTraining | None  # set when the model is split (cfg.tensor_parallel > 1)
     reporter_note: str | None
+    quantized: dict[str, int] | None = None  # finetuning_type qlora: what quantize_base stored 4-bit
     eval_before: float | None
     resumed_from: int | None
 
@@ -126,6 +127,13 @@ class LoRATrainer:
         load_dtype = self.dtype if self.dtype != torch.float16 else torch.float32
         base = load_base_model(self.model_dir, load_dtype, self.device)
         self.peft_model = self._attach(base)
+        if self.cfg.finetuning_type == "qlora":
+            from mlc.train.qlora import quantize_base
+
+            self.quantized = q = quantize_base(self.peft_model)
+            note = (f"qlora: {q['layers']} linear layers of the base stored 4-bit, {q['bytes_before'] / 2**20:.1f} -> "
+                    f"{q['bytes_after'] / 2**20:.1f} MiB ({q['bytes_after'] / q['bytes_before']:.2f}x)")
+            self.reporter_note = f"{self.reporter_note}; {note}" if self.reporter_note else note
         self.peft_model.train()
         self.model = self.peft_model
         dp_group = None
