@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from mlc.bench.soak_mix import INJECTED, WEIGHTS, MixContext, body_for
 from mlc.bench.soak_report import check, markdown, plot
 
-CFG = SimpleNamespace(warmup=10.0, max_rss_growth=0.05, max_latency_drift=0.2, max_crowd_slowdown=0.2)
+CFG = SimpleNamespace(warmup=10.0, max_rss_growth=0.05, max_latency_drift=0.2, max_crowd_slowdown=0.2, sample_s=5.0)
 
 
 def _sample(t: float, rss: float, ttft: list[float], fds=20.0, threads=8.0, tasks=10.0, kv=0.1, running=2.0):

@@ -96,6 +96,6 @@ def test_a_batch_without_targets_gives_zero_and_a_graph(peft_model):
     assert all(float(g.abs().sum()) == 0.0 for g in grads(peft_model, loss).values())
 
 
-def test_a_head_that_caps_its_logits_takes_the_plain_path(peft_model, monkeypatch):
-    monkeypatch.setattr(peft_model.get_base_model().config, "final_logit_softcapping", 30.0, raising=False)
+def test_a_model_type_that_may_scale_its_logits_takes_the_plain_path(peft_model, monkeypatch):
+    monkeypatch.setattr(peft_model.get_base_model().config, "model_type", "granite")  # logits / logits_scaling
     assert train_model._decoder_and_head(peft_model) is None

@@ -39,9 +39,13 @@ class FairnessConfig:
     max_tokens: int = 16
 
 
-def p99(values: list[float]) -> float:
+def quantile(values: list[float], q: float) -> float:
     xs = sorted(values)
-    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def p99(values: list[float]) -> float:
+    return quantile(values, 0.99)
 
 
 def write_key_file(path: Path, rounds: int, flood_limit: int) -> tuple[str, list[str]]:
@@ -115,9 +119,9 @@ async def _rounds(url: str, quiet: str, floods: list[str], cfg: FairnessConfig, 
     alone = [t for r in rounds for t in r["alone_s"]]
     flooded = [t for r in rounds for t in r["flooded_s"]]
     ratio = p99(flooded) / p99(alone)
-    return {"quiet_alone": {"n": len(alone), "p50_ttft_s": round(sorted(alone)[len(alone) // 2], 4),
+    return {"quiet_alone": {"n": len(alone), "p50_ttft_s": round(quantile(alone, 0.5), 4),
                             "p99_ttft_s": round(p99(alone), 4)},
-            "quiet_with_flood": {"n": len(flooded), "p50_ttft_s": round(sorted(flooded)[len(flooded) // 2], 4),
+            "quiet_with_flood": {"n": len(flooded), "p50_ttft_s": round(quantile(flooded, 0.5), 4),
                                  "p99_ttft_s": round(p99(flooded), 4)},
             "rounds": rounds, "p99_ratio": round(ratio, 3), "goal": GOAL, "goal_met": ratio <= GOAL}
 

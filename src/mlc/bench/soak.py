@@ -180,7 +180,7 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
                 break
             await asyncio.sleep(1.0)
         return {"rate": rate, "saturation": saturation, "t0": t0, "server_started": started,
-                "crowd_started": crowd_started,
+                "crowd_started": crowd_started if cfg.crowd_after_s > 0 else None,  # set when it joined mid-run
                 "samples": samples, "end": end, "outcomes": [asdict(o) for o in finished]}
 
 

@@ -70,7 +70,9 @@ def check(result: dict, cfg) -> list[dict]:
     out.append(_inv("/health p99 under 100 ms" + (", beside the idle and slow clients" if crowd else ""),
                     None if p99 is None else p99 < 100 and not failed,
                     f"p99 {p99 or 0:.1f} ms over {len(health)} probes, {failed} failed"))
-    out += _drift(warm, cfg)
+    joined = result.get("crowd_started")  # a crowd that joined mid-run: drift is judged beside it, once it settled
+    out += _drift([s for s in warm if s["t"] > joined + CROWD_SETTLE_S] if joined else warm, cfg,
+                  "after the crowd settled" if joined else "after warm-up")
     out += _crowd_effect(result, cfg)
     return out
 
@@ -82,7 +84,8 @@ def _crowd_effect(result: dict, cfg) -> list[dict]:
     if not joined:
         return []
     before = [s for s in result["samples"] if cfg.warmup <= s["t"] <= joined]
-    after = [s for s in result["samples"] if s["t"] > joined + CROWD_SETTLE_S]
+    # a sample holds the requests finished since the one before it
+    after = [s for s in result["samples"] if s["t"] - cfg.sample_s >= joined + CROWD_SETTLE_S]
     return _p99_rise(before, after, cfg.max_crowd_slowdown, "beside the crowd", "of before it", ("before", "beside"))
 
 
@@ -91,15 +94,15 @@ def drift_window(span: float) -> float:
     return min(DRIFT_WINDOW_S, span / 5)
 
 
-def _drift(warm: list[dict], cfg) -> list[dict]:
+def _drift(warm: list[dict], cfg, since: str) -> list[dict]:
     """p99 TTFT and TPOT in the last window of the run after warm-up against the first (`drift_window`)."""
     if len(warm) < 4:
-        return [_inv("latency drift", None, "too few samples after the warm-up")]
+        return [_inv("latency drift", None, f"too few samples {since}")]
     window = drift_window(warm[-1]["t"] - warm[0]["t"])
     first = [s for s in warm if s["t"] <= warm[0]["t"] + window]
     last = [s for s in warm if s["t"] >= warm[-1]["t"] - window]
     return _p99_rise(first, last, cfg.max_latency_drift, "in the last window", "of the first", ("first", "last"),
-                     f"windows of {window / 60:.1f} min after warm-up, ")
+                     f"windows of {window / 60:.1f} min {since}, ")
 
 
 def _p99_rise(base: list[dict], then: list[dict], allowed: float, where: str, than: str, labels: tuple[str, str],

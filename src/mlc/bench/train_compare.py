@@ -133,8 +133,9 @@ def run_hf(trainer) -> list[dict]:
             adam_epsilon=o.eps, weight_decay=o.weight_decay, max_grad_norm=cfg.clip_norm or 0.0,
             lr_scheduler_type="constant_with_warmup" if cfg.lr_schedule.type == "constant" else cfg.lr_schedule.type,
             warmup_steps=cfg.lr_schedule.warmup_for(trainer.total_steps), bf16=trainer.dtype == torch.bfloat16,
-            logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
-            dataloader_num_workers=0, remove_unused_columns=False, seed=cfg.seed)
+            fp16=trainer.dtype == torch.float16, optim="adamw_torch",  # ours: torch's AdamW, not the fused one
+            logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+            use_cpu=trainer.device.type == "cpu", dataloader_num_workers=0, remove_unused_columns=False, seed=cfg.seed)
         hf = InOrder(model=trainer.peft_model, args=args, train_dataset=dataset, data_collator=collator,
                            callbacks=[Timer()])
         hf.train()
@@ -157,8 +158,9 @@ def side_main(side: str, spec: dict) -> dict:
 def _run_side(side: str, cfg: TrainBenchConfig, round_no: int) -> dict:
     out = cfg.out_dir / f"{side}-{round_no}.json"
     raw = train_config(cfg, str(cfg.out_dir / f"run-{side}"))
-    if side == "hf":
-        raw["finetuning_type"] = "lora"  # the peer's reference for a qlora run is LoRA on the base as loaded
+    if side == "hf":  # the peer's reference for a qlora run is LoRA on the base as loaded
+        raw["finetuning_type"] = "lora"
+        raw.pop("quantization_bit", None)
     spec = {"config": raw, "out": str(out)}
     proc = subprocess.run([sys.executable, "-m", "mlc.bench.train_compare", side, json.dumps(spec)],
                           capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})

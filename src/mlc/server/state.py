@@ -87,6 +87,10 @@ class ServerState:
         log.info("loading %s", self.config.engine.model)
         try:
             llm = self._engine_factory(self.config)
+            if llm.kv_cache.device.type == "cpu":  # RSS after start is the RSS for good, not hours later
+                ranks = llm.config.tensor_parallel_size * llm.config.pipeline_parallel_size
+                log.info("KV cache pages written once at start: %.0f MiB%s", llm.runner.touch_cache() / 2**20,
+                         f" in the driver, and each worker's part in its process ({ranks} ranks)" if ranks > 1 else "")
         except MlcError as e:
             self._fail(e.message, e.exit_code)
             return
@@ -94,10 +98,6 @@ class ServerState:
             log.exception("loading the model failed")
             self._fail(f"{type(e).__name__}: {e}", 1)
             return
-        if llm.kv_cache.device.type == "cpu":  # RSS after start is the RSS for good, not hours later
-            ranks = llm.config.tensor_parallel_size * llm.config.pipeline_parallel_size
-            log.info("KV cache pages written once at start: %.0f MiB%s", llm.runner.touch_cache() / 2**20,
-                     f" in the driver, and each worker's part in its process ({ranks} ranks)" if ranks > 1 else "")
         engine = AsyncEngine(llm, served_name=self.model_id)
         log.info("loaded %s in %.1fs (context %d tokens, %d KV pages)", self.config.engine.model,
                  time.monotonic() - t0, engine.max_seq_len, engine.num_pages)

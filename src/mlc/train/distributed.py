@@ -71,6 +71,19 @@ def all_reduce_sum(value: torch.Tensor, info: DistInfo, per_copy: bool = True) -
     return value
 
 
+def data_parallel(model: torch.nn.Module, device: torch.device, group) -> torch.nn.Module:
+    """`model` wrapped for data parallelism over `group`. Its buffers (rotary tables, a qlora base's 4-bit weights)
+    are the same on every rank, so they are not re-sent at each forward (torch 2.13 renamed broadcast_buffers)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type != "cpu" else None
+    renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    no_resend = "forward_sync_buffers" if renamed else "broadcast_buffers"
+    return DistributedDataParallel(model, device_ids=ids, process_group=group, **{no_resend: False})
+
+
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

@@ -111,6 +111,10 @@ def load_adapter(model, adapter_dir: str | Path, trainable: bool = False):
 
 
 CE_CHUNK_TOKENS = 512  # target tokens whose logits exist at once in `loss_sum` (512 x 49,152 fp32: 96 MiB)
+# transformers model types whose logits are exactly the head applied to the decoder's output (no scaling, capping or
+# multiplier between them); any other type takes the plain path
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "glm", "glm4", "glm4_moe",
+                                    "glm_moe_dsa"})
 
 
 def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -119,7 +123,7 @@ def loss_sum(model, batch: dict[str, torch.Tensor], device: torch.device, dtype:
     The output head runs only at positions that carry a label, `CE_CHUNK_TOKENS` of them at a time, each chunk's
     logits recomputed in the backward (activation checkpointing) rather than kept: batch x tokens x vocabulary logits
     never exist at once (about 1.2 GB at 2,048 tokens for the default model), and masked prompt tokens cost no head.
-    A model wrapped for data parallelism, or one whose head scales or caps its logits, takes the plain path."""
+    A model wrapped for data parallelism, or of a type not known to apply its head plainly, takes the plain path."""
     parts = _decoder_and_head(model)
     targets = batch["labels"][:, 1:].to(device)
     if parts is None:
@@ -155,9 +159,7 @@ def _decoder_and_head(model):
     if isinstance(model, DistributedDataParallel):  # its gradient hooks hang on its own forward
         return None
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = getattr(causal, "config", None)
-    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in \
-            (None, 1, 1.0):
+    if getattr(getattr(causal, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
         return None
     try:
         decoder, head = causal.get_decoder(), causal.get_output_embeddings()

@@ -160,8 +160,8 @@ def pack_rows(examples: list[tuple[list[int], list[int]]], max_seq_len: int, mul
             cur = {"input_ids": [], "labels": [], "position_ids": []}
         cur["input_ids"] += ids
         # a row's first token is never a target on its own (the shift drops it); packed, it would be predicted from
-        # the previous row's last token
-        cur["labels"] += [IGNORE_INDEX] + labels[1:]
+        # the previous row's last token (tokenize_messages masks it already; rows from elsewhere may not)
+        cur["labels"] += [IGNORE_INDEX] + labels[1:] if labels else []
         cur["position_ids"] += list(range(len(ids)))
     if cur["input_ids"]:
         flush()

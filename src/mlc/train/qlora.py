@@ -6,7 +6,8 @@ Each weight row is cut into groups of `GROUP` values stored as 4-bit codes with 
 forward dequantizes one layer's weight at a time in the compute dtype; the backward dequantizes it again for the
 input's gradient and keeps no weight between the two (the base is frozen, so there is no weight gradient). Every
 `nn.Linear` of the decoder layers is quantized, the LoRA-wrapped ones under their adapter included; the embeddings
-and the output head stay as they are (they are read, not multiplied, or feed the loss directly).
+and the output head stay as they are (they are read, not multiplied, or feed the loss directly). The base is loaded
+in full precision first and quantized on its device, so the load's peak is the full model's.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Linear4bit(nn.Module):
         if linear.in_features % group:
             raise ConfigError(f"finetuning_type: qlora needs every linear layer's input width to be a multiple of "
                               f"{group}; one layer has {linear.in_features}: use finetuning_type: lora")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features, self.group = linear.in_features, linear.out_features, group
         self.stored_dtype = linear.weight.dtype
         packed, scale, lo = quantize_4bit(linear.weight, group)
         self.register_buffer("packed", packed)
@@ -81,7 +82,9 @@ class Linear4bit(nn.Module):
 
     @property
     def weight(self) -> torch.Tensor:
-        """The dequantized weight (in the dtype it was loaded in), for code that reads a layer's weight: a copy."""
+        """The dequantized weight (in the dtype it was loaded in), for code that reads a layer's weight: a copy, so
+        merging an adapter into it in memory (PEFT's merge) would be lost; `mlc-cli export --merge` merges onto the
+        base as loaded instead."""
         return self.weight_dequantized(self.stored_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +93,7 @@ class Linear4bit(nn.Module):
             return _FrozenLinear4.apply(x, self, dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit groups of {GROUP}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit groups of {self.group}"
 
 
 def quantize_base(peft_model) -> dict[str, int]:

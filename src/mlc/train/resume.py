@@ -13,7 +13,8 @@ from mlc.train import checkpoint as ckpt
 from mlc.train.distributed import DistInfo, all_reduce_sum
 from mlc.train.logging import warn
 
-RESUME_KEYS = ("model", "data", "lora", "seed", "max_seq_len", "train_on_prompt", "stage", "pref_loss")
+RESUME_KEYS = ("model", "data", "lora", "seed", "max_seq_len", "train_on_prompt", "stage", "pref_loss",
+               "finetuning_type")
 
 
 def _default(key: str):

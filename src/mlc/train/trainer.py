@@ -28,6 +28,7 @@ from mlc.errors import ConfigError, TrainingError
 from mlc.models.store import resolve_model_dir
 from mlc.models.tokenizer import load_tokenizer
 from mlc.train import checkpoint as ckpt
+from mlc.train import distributed
 from mlc.train.data import batches_for, target_count, training_data
 from mlc.train.distributed import DistInfo, all_reduce_sum, barrier, device_for_rank, init_distributed, shutdown
 from mlc.train.evaluate import score_rows
@@ -146,10 +147,7 @@ class LoRATrainer:
             tp_group, dp_group, tp_rank, _ = groups(self.dist.world_size, self.cfg.tensor_parallel)
             self.tp = shard_for_training(self.peft_model, tp_rank, self.cfg.tensor_parallel, tp_group)
         if self.dist.data_world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            ids = [self.device.index] if self.device.type != "cpu" else None
-            self.model = DistributedDataParallel(self.peft_model, device_ids=ids, process_group=dp_group)
+            self.model = distributed.data_parallel(self.peft_model, self.device, dp_group)
         self.params = trainable_parameters(self.peft_model)
         self.named_params = [(n, p) for n, p in self.peft_model.named_parameters() if p.requires_grad]
         o = self.cfg.optimizer

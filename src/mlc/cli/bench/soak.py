@@ -64,12 +64,18 @@ def register(bench_app: typer.Typer) -> None:
             raise InvalidRequestError("--duration and --sample must be positive, --load in (0, 1], --rate above 0, "
                                       "--idle-connections and --slow-readers 0 or more, --crowd-after from 0 to "
                                       "less than --duration")
+        if crowd_after > 0 and not (idle_connections or slow_readers):
+            raise InvalidRequestError("--crowd-after needs a crowd: give --idle-connections N and/or --slow-readers M")
         out_dir = out or Path(time.strftime("bench-soak-%Y%m%d-%H%M%S"))
         cfg = SoakConfig(out_dir=out_dir, duration_s=duration, url=url.rstrip("/") if url else None, model=model,
                          server_args=list(server_arg or []), rate=rate, load=load, sample_s=sample, warmup_s=warmup,
                          lora=lora, max_rss_growth=max_rss_growth, max_latency_drift=max_latency_drift,
                          idle_connections=idle_connections, slow_readers=slow_readers, crowd_after_s=crowd_after,
                          max_crowd_slowdown=max_crowd_slowdown, seed=seed)
+        if 0 < crowd_after <= cfg.warmup:
+            raise InvalidRequestError(f"--crowd-after {crowd_after:g} falls in the warm-up ({cfg.warmup:g} s): the mix "
+                                      "before the crowd is the baseline, so let it join after the warm-up (or at 0, "
+                                      "from the start)")
         _, ok = run_soak(cfg, progress=lambda msg: console.print(msg, highlight=False))
         console.print(Markdown((out_dir / "soak.md").read_text()))
         console.print(f"wrote {out_dir}/soak.json, {out_dir}/soak.md, {out_dir}/soak.png")

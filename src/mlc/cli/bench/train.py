@@ -32,7 +32,7 @@ def register(bench_app: typer.Typer) -> None:
     def train(
         model: Annotated[str, typer.Option(help="Model name or path.")] = "smollm2-135m-instruct",
         data: Annotated[str, typer.Option(help="Training rows (JSONL).")] = "data/customer_service.jsonl",
-        steps: Annotated[int, typer.Option(help="Optimizer steps on each side.")] = 50,
+        steps: Annotated[int, typer.Option(help="Optimizer steps on each side (2 or more).")] = 50,
         rounds: Annotated[int, typer.Option(help="Runs of each side, alternating which goes first.")] = 1,
         set_: Annotated[Optional[list[str]], typer.Option(
             "--set", help="A training config key on top of its defaults, repeatable: --set batch_size=8 "
@@ -47,8 +47,9 @@ def register(bench_app: typer.Typer) -> None:
         from mlc.bench.train_compare import TrainBenchConfig, plot, run_train_bench
         from mlc.errors import InvalidRequestError
 
-        if min(steps, rounds) < 1:
-            raise InvalidRequestError("--steps and --rounds must be at least 1")
+        if steps < 2 or rounds < 1:
+            raise InvalidRequestError("--steps must be at least 2 (the first step's one-off costs are left out of "
+                                      "tokens/s) and --rounds at least 1")
         out_dir = out or Path(time.strftime("bench-train-%Y%m%d-%H%M%S"))
         cfg = TrainBenchConfig(out_dir=out_dir, model=model, data=data, steps=steps, rounds=rounds,
                                overrides=_overrides(set_ or []))
