@@ -12,12 +12,15 @@ are counted, not retried. The verdict pools the rounds' TTFTs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import secrets
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from mlc.bench import peers
 
@@ -49,15 +52,19 @@ def p99(values: list[float]) -> float:
 
 
 def write_key_file(path: Path, rounds: int, flood_limit: int) -> tuple[str, list[str]]:
-    """A key file with a quiet key and `rounds` flood keys; (the quiet key, the flood keys)."""
-    from mlc.server.keys import entry_text, new_key
-
-    quiet, floods = new_key(), [new_key() for _ in range(rounds)]
-    text = entry_text("quiet", quiet) + "".join(entry_text(f"flood{i}", k, requests_per_minute=flood_limit)
-                                                for i, k in enumerate(floods))
-    path.write_text(text)
+    """A key file (`serve --api-key-file`: names and SHA-256 hashes) with a quiet key and `rounds` flood keys;
+    (the quiet key, the flood keys)."""
+    quiet, floods = _new_key(), [_new_key() for _ in range(rounds)]
+    entries: list[dict[str, str | int]] = [{"name": "quiet", "key_sha256": hashlib.sha256(quiet.encode()).hexdigest()}]
+    entries += [{"name": f"flood{i}", "key_sha256": hashlib.sha256(k.encode()).hexdigest(),
+                 "requests_per_minute": flood_limit} for i, k in enumerate(floods)]
+    path.write_text(yaml.safe_dump({"keys": entries}, sort_keys=False))
     path.chmod(0o600)
     return quiet, floods
+
+
+def _new_key() -> str:
+    return "mlc-bench-" + secrets.token_urlsafe(24)
 
 
 async def ttft(client: httpx.AsyncClient, url: str, key: str, max_tokens: int) -> float | None:
@@ -103,7 +110,7 @@ async def flood_run(client: httpx.AsyncClient, url: str, key: str, cfg: Fairness
 
 
 async def _rounds(url: str, quiet: str, floods: list[str], cfg: FairnessConfig, progress) -> dict:
-    rounds = []
+    rounds: list[dict] = []
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=1000)) as client:
         await ttft(client, url, quiet, cfg.max_tokens)  # warm-up, not counted
         for i in range(cfg.rounds):
@@ -138,6 +145,8 @@ def run_fairness(cfg: FairnessConfig, progress=print) -> dict:
                               ["--api-key-file", str(cfg.out_dir / "keys.yaml"), *cfg.server_args])
             progress(f"starting {spec.label}")
             url = stack.enter_context(peers.RunningServer(spec)).spec.url
+        if quiet is None or not floods:
+            raise ValueError("bench fairness against a running server needs its quiet key and a flood key")
         result = asyncio.run(_rounds(url, quiet, floods, cfg, progress))
     config = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()
               if k not in ("quiet_key", "flood_keys")}  # never the keys

@@ -171,7 +171,7 @@ async def _traffic(cfg: SoakConfig, url: str, pid: int | None, started: float | 
             await asyncio.sleep(max(0.0, min(arrival, next_sample) - (time.monotonic() - t0)))
         if tasks:
             await asyncio.wait(tasks, timeout=600)
-        if crowd_started is not None:
+        if crowd is not None and crowd_started is not None:
             await crowd.stop()
         drained = time.monotonic()
         while time.monotonic() - drained < DRAIN_S:  # the server ends aborted requests and frees their pages

@@ -81,7 +81,8 @@ def data_parallel(model: torch.nn.Module, device: torch.device, group) -> torch.
     ids = [device.index] if device.type != "cpu" else None
     renamed = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
     no_resend = "forward_sync_buffers" if renamed else "broadcast_buffers"
-    return DistributedDataParallel(model, device_ids=ids, process_group=group, **{no_resend: False})
+    flags: dict = {no_resend: False}
+    return DistributedDataParallel(model, device_ids=ids, process_group=group, **flags)
 
 
 def barrier(info: DistInfo) -> None:

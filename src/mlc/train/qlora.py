@@ -42,12 +42,12 @@ def dequantize_4bit(packed: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor,
 
 class _FrozenLinear4(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, layer: Linear4bit, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, layer: Linear4bit, dtype: torch.dtype) -> torch.Tensor:
         ctx.layer, ctx.in_dtype = layer, x.dtype
         return F.linear(x.to(dtype), layer.weight_dequantized(dtype), layer.bias_in(dtype))
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         grad_x = grad @ ctx.layer.weight_dequantized(grad.dtype)
         return grad_x.to(ctx.in_dtype), None, None
 
@@ -75,10 +75,10 @@ class Linear4bit(nn.Module):
         return x.dtype if x.dtype.is_floating_point else self.stored_dtype
 
     def weight_dequantized(self, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_4bit(self.packed, self.scale, self.lo, dtype)
+        return dequantize_4bit(self.packed, self.scale, self.lo, dtype)  # type: ignore[arg-type]
 
     def bias_in(self, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if self.bias is None else self.bias.to(dtype)
+        return None if self.bias is None else self.bias.to(dtype)  # type: ignore[return-value]
 
     @property
     def weight(self) -> torch.Tensor:
@@ -107,7 +107,8 @@ def quantize_base(peft_model) -> dict[str, int]:
                 continue  # LoRA's own A and B (and anything trained) stay as they are
             q = Linear4bit(child)
             before += child.weight.numel() * child.weight.element_size()
-            after += sum(b.numel() * b.element_size() for b in (q.packed, q.scale, q.lo))
+            after += sum(int(b.numel()) * b.element_size() for b in (q.packed, q.scale, q.lo)
+                         if isinstance(b, torch.Tensor))
             setattr(module, child_name, q)
             count += 1
     if not count:
