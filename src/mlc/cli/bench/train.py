@@ -50,6 +50,10 @@ def register(bench_app: typer.Typer) -> None:
         if steps < 2 or rounds < 1:
             raise InvalidRequestError("--steps must be at least 2 (the first step's one-off costs are left out of "
                                       "tokens/s) and --rounds at least 1")
+        if not Path(data).is_file():
+            raise InvalidRequestError(f"--data {data}: no such file; run from the repository root (the default is "
+                                      "its data/customer_service.jsonl) or give --data PATH")
+        data = str(Path(data).resolve())
         out_dir = out or Path(time.strftime("bench-train-%Y%m%d-%H%M%S"))
         cfg = TrainBenchConfig(out_dir=out_dir, model=model, data=data, steps=steps, rounds=rounds,
                                overrides=_overrides(set_ or []))
