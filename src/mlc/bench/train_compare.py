@@ -24,6 +24,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mlc.config.dotted import set_path
+
 SIDES = ("mlc", "hf")
 
 
@@ -41,11 +43,7 @@ def train_config(cfg: TrainBenchConfig, output_dir: str) -> dict:
     raw: dict = {"model": cfg.model, "data": {"train": cfg.data}, "max_steps": cfg.steps, "lora": {"dropout": 0.0},
                  "save_every": 10**6, "output_dir": output_dir}
     for key, value in cfg.overrides.items():
-        node = raw
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+        set_path(raw, key, value)
     return raw
 
 

@@ -8,23 +8,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from rich.console import Console
 
 console = Console()
-
-
-def _overrides(pairs: list[str]) -> dict:
-    from mlc.errors import InvalidRequestError
-
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidRequestError(f"--set {pair!r}: write KEY=VALUE with a training config key, e.g. --set "
-                                      "batch_size=8 or --set data.packing=true")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -45,6 +31,7 @@ def register(bench_app: typer.Typer) -> None:
         PEFT, from the same model, adapter init, batches, optimizer, schedule and precision (LoRA dropout 0).
         Goals: >= 1.5x tokens/s, <= 0.6x peak RSS, every step's loss within 1e-3. Exits 1 when a goal is missed."""
         from mlc.bench.train_compare import TrainBenchConfig, plot, run_train_bench
+        from mlc.config.dotted import parse_assignments
         from mlc.errors import InvalidRequestError
 
         if steps < 2 or rounds < 1:
@@ -56,7 +43,7 @@ def register(bench_app: typer.Typer) -> None:
         data = str(Path(data).resolve())
         out_dir = out or Path(time.strftime("bench-train-%Y%m%d-%H%M%S"))
         cfg = TrainBenchConfig(out_dir=out_dir, model=model, data=data, steps=steps, rounds=rounds,
-                               overrides=_overrides(set_ or []))
+                               overrides=parse_assignments(set_, "--set", "--set batch_size=8"))
         result = run_train_bench(cfg, progress=lambda msg: console.print(msg, highlight=False))
         (out_dir / "train.json").write_text(json.dumps(result, indent=1) + "\n")
         plot(result, out_dir / "train.png")
